@@ -1,0 +1,57 @@
+"""The `tokenmill` command: parses flags, configures logging, hands off.
+
+Subcommands are imported lazily so `tokenmill --help` stays fast and a
+missing optional dependency of one service never breaks the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# name -> "module:attribute" of a click.Command
+COMMANDS: dict[str, str] = {
+    "dev": "tokenmill.devstack.command:dev",
+    "runs": "tokenmill.runs_command:runs",
+    "sim-sglang": "tokenmill.simulator.command:sim_sglang",
+    "produce": "producer.command:produce",
+    "consume": "consumer.command:consume",
+    "sink": "sink.command:sink",
+    "status": "tokenmill.status_command:status",
+    "demo": "tokenmill.demo:demo",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in COMMANDS if _importable(COMMANDS[name]))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        module = importlib.import_module(module_name)
+        command: click.Command = getattr(module, attr)
+        return command
+
+
+def _importable(target: str) -> bool:
+    module_name = target.split(":")[0]
+    return importlib.util.find_spec(module_name) is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tokenmill")
+def cli() -> None:
+    """tokenmill: prompt datasets -> Kafka -> SGLang -> S3, exactly once."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="tokenmill")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])
