@@ -1,0 +1,117 @@
+"""Every knob of the SGLang simulator in one msgspec Struct.
+
+The CLI (`command.py`) maps one flag to each field, and the subprocess runner
+maps each field back to a flag (`to_cli_args`), so a config round-trips
+between the in-process and the subprocess simulator without loss.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+EmptyContent = Literal["empty", "null"]
+
+
+class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Settings of one simulated SGLang server (defaults: a Qwen3 8B-ish box)."""
+
+    # --- serving identity -------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 30000
+    model_path: str = "Qwen/Qwen3-8B"
+    served_model_name: str | None = None  # defaults to model_path, as in SGLang
+    context_length: int = 32768
+    weight_version: str = "default"
+    version: str = "0.5.4"  # reported by /get_server_info
+    eos_token_id: int = 151645  # Qwen3 <|im_end|>, reported as matched_stop
+
+    # --- determinism ------------------------------------------------------
+    seed: int = 0
+
+    # --- parsers and reporting (SGLang server flags) ----------------------
+    reasoning_parser: str | None = "qwen3"
+    tool_call_parser: str | None = None
+    tool_call_rate: float = 0.5  # share of answers with tools that call one
+    enable_cache_report: bool = False
+    empty_content: EmptyContent = "empty"  # "" (SGLang >= 0.5.x main) or null (older)
+
+    # --- capacity model -----------------------------------------------------
+    max_running_requests: int = 64
+    decode_rate: float = 60.0  # target-model tok/s per request, before speculation
+    prefill_rate: float = 20000.0  # prompt tok/s per request; 0 = instant prefill
+    max_total_tok_s: float = 0.0  # aggregate decode tok/s cap; 0 = no cap
+    max_total_num_tokens: int = 400000  # KV pool size, for sglang:token_usage
+    speculative_accept_length: float = 1.0  # > 1 turns on speculative decoding
+    speculative_num_draft_tokens: int = 4
+    time_scale: float = 1.0  # 1000 = simulated time runs 1000x faster than real
+    zero_delay: bool = False  # answer at once: throughput benchmarks
+
+    # --- output lengths (lognormal, see lengths.py) ------------------------
+    length_median: float = 2228.0
+    length_sigma: float = 0.665
+    length_min: int = 8
+    length_max: int = 32768
+    thinking_share_min: float = 0.6
+    thinking_share_max: float = 0.9
+
+    # --- faults -------------------------------------------------------------
+    warmup_seconds: float = 0.0
+    error_rate: float = 0.0
+    error_status: int = 500
+    stall_rate: float = 0.0
+    stall_seconds: float = 30.0  # real seconds, not scaled
+    abort_rate: float = 0.0
+    crash_after: int | None = None  # os._exit after this many chat requests
+    empty_rate: float = 0.0
+    trivial_rate: float = 0.0
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_accept_length > 1.0
+
+    def validate(self) -> SimulatorConfig:
+        """Reject settings that cannot work; returns self so it chains."""
+        for name in ("error_rate", "stall_rate", "abort_rate", "empty_rate", "trivial_rate",
+                     "tool_call_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {value}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        if self.context_length < 16:
+            raise ValueError("context_length must be >= 16")
+        if not 1 <= self.length_min <= self.length_max:
+            raise ValueError("need 1 <= length_min <= length_max")
+        if self.speculative_accept_length < 1.0:
+            raise ValueError("speculative_accept_length must be >= 1")
+        if self.speculative and self.speculative_accept_length > self.speculative_num_draft_tokens:
+            raise ValueError("speculative_accept_length cannot exceed speculative_num_draft_tokens")
+        if not 0.0 <= self.thinking_share_min <= self.thinking_share_max <= 1.0:
+            raise ValueError("need 0 <= thinking_share_min <= thinking_share_max <= 1")
+        return self
+
+
+def to_cli_args(config: SimulatorConfig) -> list[str]:
+    """Flags for `tokenmill sim-sglang` that reproduce `config` (non-defaults only)."""
+    default = SimulatorConfig()
+    args: list[str] = []
+    for field in config.__struct_fields__:
+        value = getattr(config, field)
+        if value == getattr(default, field):
+            continue
+        flag = "--" + field.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + field.replace("_", "-"))
+        elif value is None:
+            args += [flag, "none"]
+        else:
+            args += [flag, str(value)]
+    return args
