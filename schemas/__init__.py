@@ -1,0 +1,55 @@
+"""The records that pass between tokenmill's services.
+
+JSON on the wire (msgspec), so any client can read every topic. Every record
+carries a schema version `v` and the prompt's `id`.
+"""
+
+from schemas.messages import FunctionCall, Message, Tool, ToolCall
+from schemas.run import (
+    DLQ_REASONS,
+    Estimate,
+    GenerationSettings,
+    InputFile,
+    QAPolicy,
+    RunSpec,
+    S3Destination,
+)
+from schemas.prompt import PromptRecord
+from schemas.completion import (
+    Completion,
+    CompletionRecord,
+    Failure,
+    SpecStats,
+    Usage,
+    decode_completion,
+    encode_record,
+)
+from schemas.dlq import DeadLetter
+from schemas.sample import TrainingSample
+
+SCHEMA_VERSION = 1
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Completion",
+    "CompletionRecord",
+    "DLQ_REASONS",
+    "DeadLetter",
+    "Estimate",
+    "Failure",
+    "FunctionCall",
+    "GenerationSettings",
+    "InputFile",
+    "Message",
+    "PromptRecord",
+    "QAPolicy",
+    "RunSpec",
+    "S3Destination",
+    "SpecStats",
+    "Tool",
+    "ToolCall",
+    "TrainingSample",
+    "Usage",
+    "decode_completion",
+    "encode_record",
+]

@@ -1,0 +1,104 @@
+"""The run spec: an immutable description of one generation job.
+
+A spec is written once to `tokenmill.runs` and never changed; different
+settings make a different run. `GenerationSettings.settings_hash` is stamped
+on every completion so outputs of different settings can never be mixed
+silently (the seed run mixed 4096- and 8192-token outputs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Literal
+
+import msgspec
+
+MultiTurnPolicy = Literal["last-user", "strip-assistant", "per-user-turn"]
+ToolMode = Literal["structured", "as-given"]
+
+# Every reason a completion can be sent to the dead-letter topic.
+DLQ_REASONS: frozenset[str] = frozenset(
+    {"failed", "length", "empty", "trivial", "missing_reasoning", "abort"}
+)
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+
+
+class GenerationSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str = "default"
+    max_tokens: int = 8192
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    seed: int | None = None
+    enable_thinking: bool = True
+    tools: ToolMode = "structured"
+
+    def settings_hash(self) -> str:
+        """Short stable digest; field order is fixed by the Struct."""
+        return hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:16]
+
+
+class QAPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    dlq_reasons: tuple[str, ...] = tuple(sorted(DLQ_REASONS))
+    # An answer whose stripped content is at most this long counts as trivial
+    # (the seed's first dataset was 87% "OK.").
+    trivial_max_chars: int = 3
+
+    def __post_init__(self) -> None:
+        unknown = set(self.dlq_reasons) - DLQ_REASONS
+        if unknown:
+            raise ValueError(
+                f"unknown DLQ reason(s) {sorted(unknown)}; known: {sorted(DLQ_REASONS)}"
+            )
+        # Canonical order, so equal policies encode to equal bytes.
+        msgspec.structs.force_setattr(self, "dlq_reasons", tuple(sorted(set(self.dlq_reasons))))
+
+
+class Estimate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    requests_per_s: float | None = None
+    output_tokens: float | None = None
+
+
+class S3Destination(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    bucket: str
+    prefix: str = ""
+    compression: Literal["none", "zstd"] = "none"
+
+
+class InputFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Fingerprint of one input file, so a different input for a run is refused."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    run_id: str
+    partitions: int
+    generation: GenerationSettings = GenerationSettings()
+    multi_turn: MultiTurnPolicy = "last-user"
+    qa: QAPolicy = QAPolicy()
+    s3: S3Destination | None = None
+    parent_run: str | None = None
+    estimate: Estimate | None = None
+    inputs: tuple[InputFile, ...] = ()
+    # Source prompts topic; None means this run's own `tokenmill.<run>.prompts`.
+    # A replay run points it at its parent's prompts topic.
+    prompts_topic: str | None = None
+    v: int = 1
+
+    def __post_init__(self) -> None:
+        if not RUN_ID_PATTERN.match(self.run_id):
+            raise ValueError(
+                f"invalid run id {self.run_id!r}: use 1-100 letters, digits, '_' or '-'"
+                " starting with a letter or digit"
+            )
+        if self.partitions < 1:
+            raise ValueError(f"run {self.run_id}: partitions must be >= 1, got {self.partitions}")
+
+    @property
+    def settings_hash(self) -> str:
+        return self.generation.settings_hash()

@@ -1,0 +1,114 @@
+"""Session-wide services for the tests: one real Kafka broker and one S3
+endpoint per session; every test gets its own run id (and so its own topics).
+
+Where they come from, first match wins:
+1. `TOKENMILL_TEST_BOOTSTRAP_SERVERS` / `TOKENMILL_TEST_S3_ENDPOINT_URL`;
+2. testcontainers (Kafka, MinIO) when a Docker engine answers a ping;
+3. the native dev stack (`tokenmill dev up` machinery) in a temporary state
+   directory on free ports, stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tokenmill.settings import Settings
+
+
+@dataclass(frozen=True)
+class Services:
+    bootstrap_servers: str
+    s3_endpoint_url: str
+    s3_access_key: str
+    s3_secret_key: str
+    origin: str
+
+
+def docker_engine_answers() -> bool:
+    try:
+        import docker  # testcontainers' dependency
+
+        client = docker.from_env(timeout=3)
+        return bool(client.ping())
+    except Exception:
+        return False
+
+
+def _from_containers() -> Iterator[Services]:
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.minio import MinioContainer
+
+    with KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka, MinioContainer() as minio:
+        config = minio.get_config()
+        yield Services(
+            bootstrap_servers=kafka.get_bootstrap_server(),
+            s3_endpoint_url=f"http://{config['endpoint']}",
+            s3_access_key=config["access_key"],
+            s3_secret_key=config["secret_key"],
+            origin="testcontainers",
+        )
+
+
+def _from_native(tmp: Path) -> Iterator[Services]:
+    from tokenmill.devstack import processes, s3_server, stack
+
+    plan = stack.StackPlan(
+        state_dir=tmp,
+        kafka_port=processes.free_port(),
+        controller_port=processes.free_port(),
+        s3_port=processes.free_port(),
+        kafka_heap="768m",
+    )
+    state, _ = stack.up(plan)
+    try:
+        yield Services(
+            bootstrap_servers=state.kafka.address,
+            s3_endpoint_url=state.s3.address,
+            s3_access_key=s3_server.DEV_ACCESS_KEY,
+            s3_secret_key=s3_server.DEV_SECRET_KEY,
+            origin="native",
+        )
+    finally:
+        stack.down(tmp)
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    bootstrap = os.environ.get("TOKENMILL_TEST_BOOTSTRAP_SERVERS")
+    endpoint = os.environ.get("TOKENMILL_TEST_S3_ENDPOINT_URL")
+    if bootstrap and endpoint:
+        yield Services(
+            bootstrap, endpoint,
+            os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+            os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+            origin="environment",
+        )
+    elif docker_engine_answers():
+        yield from _from_containers()
+    else:
+        yield from _from_native(tmp_path_factory.mktemp("stack"))
+
+
+@pytest.fixture
+def settings(services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", services.s3_access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", services.s3_secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return Settings(
+        bootstrap_servers=services.bootstrap_servers,
+        s3_endpoint_url=services.s3_endpoint_url,
+        s3_bucket=f"tm-{uuid.uuid4().hex[:12]}",
+        state_dir=tmp_path / "state",
+        connect_timeout_s=10.0,
+    )
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"

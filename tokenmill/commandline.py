@@ -1,0 +1,54 @@
+"""What every subcommand shares: the settings options, logging set-up, and
+turning known failures into one clear line instead of a traceback."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tokenmill import log
+from tokenmill.settings import Settings, SettingsError, pop_settings, settings_options
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Failures a user can fix; they print as "Error: <message>" with exit code 1.
+_known: list[type[BaseException]] = [SettingsError]
+
+
+def register_known_error(*types: type[BaseException]) -> None:
+    _known.extend(types)
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    # Imported lazily so the CLI does not pay for every service at start-up.
+    from tokenmill.devstack.kafka_broker import BrokerSetupError
+    from tokenmill.devstack.processes import PortInUse
+    from tokenmill.devstack.stack import StackError
+    from tokenmill.kafka_clients import BrokerUnreachable
+    from tokenmill.registry import RunConflict, UnknownRun
+
+    return (BrokerUnreachable, RunConflict, UnknownRun, PortInUse, StackError,
+            BrokerSetupError, FileNotFoundError, *_known)
+
+
+def service_command(func: F) -> F:
+    """Adds the shared options; the wrapped function receives `settings`."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        settings = pop_settings(kwargs)
+        log.configure(settings.log_level, settings.log_format)
+        try:
+            return func(*args, settings=settings, **kwargs)
+        except click.ClickException:
+            raise
+        except _known_errors() as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return settings_options(wrapper)  # type: ignore[return-value]
+
+
+__all__ = ["Settings", "register_known_error", "service_command"]

@@ -1,0 +1,176 @@
+"""Kafka client construction from Settings: one place that knows the
+security options, the logger hookup and the connection check.
+
+Constructors here never touch the network; `check_broker` does, and fails
+fast with the address in the message instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tokenmill.log import get_logger
+from tokenmill.settings import Settings
+from tokenmill.topics import MAX_MESSAGE_BYTES
+
+log = get_logger("tokenmill.kafka")
+
+
+class BrokerUnreachable(RuntimeError):
+    """Kafka did not answer at the configured address within the timeout."""
+
+
+class _LibrdkafkaLog:
+    """Routes librdkafka's own log lines into structlog at debug level, so a
+    dead broker does not spray connection errors over the terminal."""
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        message = fmt % args if args else fmt
+        log.debug("librdkafka", level=logging.getLevelName(level), message=message)
+
+
+_LOGGER = _LibrdkafkaLog()
+
+
+def base_config(settings: Settings) -> dict[str, Any]:
+    """librdkafka settings shared by every client; secrets revealed only here."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "security.protocol": settings.security_protocol,
+        "logger": _LOGGER,
+        "socket.connection.setup.timeout.ms": int(settings.connect_timeout_s * 1000),
+    }
+    if settings.sasl_mechanism:
+        config["sasl.mechanism"] = settings.sasl_mechanism
+    if settings.sasl_username:
+        config["sasl.username"] = settings.sasl_username
+    if settings.sasl_password is not None:
+        config["sasl.password"] = settings.sasl_password.reveal()
+    for key, value in (
+        ("ssl.ca.location", settings.ssl_ca_location),
+        ("ssl.certificate.location", settings.ssl_certificate_location),
+        ("ssl.key.location", settings.ssl_key_location),
+    ):
+        if value:
+            config[key] = value
+    return config
+
+
+def kafka_python_config(settings: Settings) -> dict[str, Any]:
+    """The same connection for kafka-python, used for independent read-only views."""
+    config: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers.split(","),
+        "security_protocol": settings.security_protocol,
+    }
+    if settings.sasl_mechanism:
+        config["sasl_mechanism"] = settings.sasl_mechanism
+        config["sasl_plain_username"] = settings.sasl_username
+        if settings.sasl_password is not None:
+            config["sasl_plain_password"] = settings.sasl_password.reveal()
+    if settings.ssl_ca_location:
+        config["ssl_cafile"] = settings.ssl_ca_location
+    if settings.ssl_certificate_location:
+        config["ssl_certfile"] = settings.ssl_certificate_location
+    if settings.ssl_key_location:
+        config["ssl_keyfile"] = settings.ssl_key_location
+    return config
+
+
+def producer(settings: Settings, extra: Mapping[str, Any] | None = None) -> Producer:
+    config = base_config(settings)
+    config.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.max.bytes": MAX_MESSAGE_BYTES,
+            "compression.type": "lz4",
+        }
+    )
+    config.update(extra or {})
+    return Producer(config)
+
+
+def transactional_producer(
+    settings: Settings, transactional_id: str, extra: Mapping[str, Any] | None = None
+) -> Producer:
+    config = {"transactional.id": transactional_id, "transaction.timeout.ms": 60_000}
+    config.update(extra or {})
+    return producer(settings, config)
+
+
+def consumer(settings: Settings, group_id: str, extra: Mapping[str, Any] | None = None) -> Consumer:
+    config = base_config(settings)
+    config.update(
+        {
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
+        }
+    )
+    config.update(extra or {})
+    return Consumer(config)
+
+
+def admin(settings: Settings) -> AdminClient:
+    return AdminClient(base_config(settings))
+
+
+def check_broker(settings: Settings, timeout_s: float | None = None) -> str:
+    """Return the cluster id, or raise BrokerUnreachable naming the address."""
+    timeout = settings.connect_timeout_s if timeout_s is None else timeout_s
+    client = admin(settings)
+    try:
+        metadata = client.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise BrokerUnreachable(
+            f"cannot reach Kafka at {settings.bootstrap_servers} within {timeout:.0f}s "
+            f"({exc.args[0].str() if exc.args else exc}); is the broker running? "
+            "(`tokenmill dev up` starts a local one; set --bootstrap-servers or "
+            "TOKENMILL_BOOTSTRAP_SERVERS)"
+        ) from None
+    return str(metadata.cluster_id)
+
+
+def ensure_topics(
+    client: AdminClient,
+    topics: Mapping[str, int],
+    config: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create missing topics (name -> partitions); return the ones created.
+
+    An existing topic with a different partition count is an error: the
+    partition count is part of a run's identity."""
+    existing = client.list_topics(timeout=timeout_s).topics
+    missing = []
+    for name, partitions in topics.items():
+        if name in existing:
+            have = len(existing[name].partitions)
+            if have != partitions:
+                raise RuntimeError(
+                    f"topic {name} exists with {have} partitions, the run needs {partitions}"
+                )
+        else:
+            missing.append(NewTopic(name, num_partitions=partitions, replication_factor=-1,
+                                    config=dict(config or {})))
+    if not missing:
+        return []
+    futures = client.create_topics(missing, operation_timeout=timeout_s, request_timeout=timeout_s)
+    created = []
+    for name, future in futures.items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args and exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
+                continue
+            raise
+    return created

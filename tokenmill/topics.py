@@ -1,0 +1,38 @@
+"""Topic and consumer-group names, in one place."""
+
+from __future__ import annotations
+
+RUNS_TOPIC = "tokenmill.runs"
+PRODUCER_CHECKPOINTS_TOPIC = "tokenmill.producer-checkpoints"
+
+# Big enough for a long multi-turn prompt plus an 8K-token completion.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def prompts_topic(run_id: str) -> str:
+    return f"tokenmill.{run_id}.prompts"
+
+
+def completions_topic(run_id: str) -> str:
+    return f"tokenmill.{run_id}.completions"
+
+
+def dlq_topic(run_id: str) -> str:
+    return f"tokenmill.{run_id}.dlq"
+
+
+def generate_group(run_id: str) -> str:
+    return f"tokenmill.{run_id}.generate"
+
+
+def sink_group(run_id: str) -> str:
+    return f"tokenmill.{run_id}.sink"
+
+
+# Run data must outlive a week-long job: keep it until the run is deleted.
+RUN_TOPIC_CONFIG = {
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "max.message.bytes": str(MAX_MESSAGE_BYTES),
+}
+COMPACTED_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
