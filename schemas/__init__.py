@@ -25,6 +25,7 @@ from schemas.completion import (
     encode_record,
 )
 from schemas.dlq import DeadLetter
+from schemas.progress import ConsumerProgress, ProducerCheckpoint, SinkProgress
 from schemas.sample import TrainingSample
 
 SCHEMA_VERSION = 1
@@ -41,6 +42,9 @@ __all__ = [
     "GenerationSettings",
     "InputFile",
     "Message",
+    "ConsumerProgress",
+    "ProducerCheckpoint",
+    "SinkProgress",
     "PromptRecord",
     "QAPolicy",
     "RunSpec",

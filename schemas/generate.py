@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from schemas.progress import Progress
 from schemas.completion import CompletionRecord
 from schemas.dlq import DeadLetter
 from schemas.prompt import PromptRecord
@@ -27,6 +28,7 @@ RECORDS: dict[str, Any] = {
     "completion": CompletionRecord,
     "dead-letter": DeadLetter,
     "training-sample": TrainingSample,
+    "progress": Progress,
 }
 
 

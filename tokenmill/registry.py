@@ -9,10 +9,8 @@ of a run must come from one set of settings.
 from __future__ import annotations
 
 import msgspec
-from confluent_kafka import TopicPartition
-
 from schemas.run import RunSpec
-from tokenmill import kafka_clients, topics
+from tokenmill import compacted, kafka_clients, topics
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 
@@ -56,43 +54,15 @@ class RunRegistry:
             self._checked = True
         kafka_clients.ensure_topics(
             kafka_clients.admin(self._settings),
-            {topics.RUNS_TOPIC: 1},
+            {topics.RUNS_TOPIC: 1, topics.PROGRESS_TOPIC: 1},
             topics.COMPACTED_TOPIC_CONFIG,
         )
 
     def all(self) -> dict[str, RunSpec]:
         """Every registered spec, read from the start of the compacted topic."""
         self._ensure_topic()
-        consumer = kafka_clients.consumer(self._settings, "tokenmill.registry-reader")
-        specs: dict[str, RunSpec] = {}
-        try:
-            tp = TopicPartition(topics.RUNS_TOPIC, 0)
-            low, high = consumer.get_watermark_offsets(
-                tp, timeout=self._settings.connect_timeout_s, cached=False
-            )
-            if high <= low:
-                return specs
-            consumer.assign([TopicPartition(topics.RUNS_TOPIC, 0, low)])
-            while True:
-                message = consumer.poll(1.0)
-                if message is None:
-                    position = consumer.position([tp])[0].offset
-                    if position >= high:
-                        break
-                    continue
-                if message.error():
-                    raise RuntimeError(f"reading {topics.RUNS_TOPIC}: {message.error()}")
-                key = (message.key() or b"").decode()
-                value = message.value()
-                if value is None:
-                    specs.pop(key, None)
-                else:
-                    specs[key] = _decoder.decode(value)
-                if message.offset() >= high - 1:
-                    break
-        finally:
-            consumer.close()
-        return specs
+        raw = compacted.read_to_end(self._settings, topics.RUNS_TOPIC)
+        return {run_id: _decoder.decode(value) for run_id, value in raw.items()}
 
     def get(self, run_id: str) -> RunSpec:
         spec = self.all().get(run_id)

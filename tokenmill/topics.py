@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 RUNS_TOPIC = "tokenmill.runs"
-PRODUCER_CHECKPOINTS_TOPIC = "tokenmill.producer-checkpoints"
+# Exact per-instance counters, written inside each service's transactions.
+PROGRESS_TOPIC = "tokenmill.progress"
 
 # Big enough for a long multi-turn prompt plus an 8K-token completion.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024

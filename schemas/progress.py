@@ -1,0 +1,81 @@
+"""Exact progress, committed in the same Kafka transaction as the work it
+counts, in the compacted topic `tokenmill.progress`.
+
+Offsets cannot be counted (transaction markers take slots) and reading a
+million completions to count them is too slow, so every service keeps
+cumulative counters per instance and writes them inside each transaction.
+A committed counter therefore always equals the committed work: summing the
+latest value of every key of a run gives exact totals.
+
+Keys: `<run>/producer`, `<run>/consumer/<instance>`, `<run>/sink/<instance>`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ProducerCheckpoint(msgspec.Struct, frozen=True, tag="producer", tag_field="kind"):
+    run: str
+    next_seq: int  # prompts [0, next_seq) of the publish order are committed
+    total: int  # prompts the run publishes in all (after dedupe and rejects)
+    done: bool = False
+    per_partition: tuple[int, ...] = ()  # committed prompts per partition
+    updated_at: float = 0.0
+    v: int = 1
+
+
+class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="kind"):
+    run: str
+    instance: str
+    completions: int = 0
+    failures: int = 0
+    failures_by_kind: dict[str, int] = {}
+    finish_reasons: dict[str, int] = {}
+    by_category: dict[str, int] = {}
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+    # Sums for averages: accept length weighted by completion tokens.
+    spec_accept_weighted: float = 0.0
+    spec_tokens: int = 0
+    latency_s_total: float = 0.0
+    retries: int = 0
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    v: int = 1
+
+
+class SinkProgress(msgspec.Struct, frozen=True, tag="sink", tag_field="kind"):
+    run: str
+    instance: str
+    s3_records: int = 0
+    s3_objects: int = 0
+    s3_bytes: int = 0
+    dlq_records: int = 0
+    dlq_by_reason: dict[str, int] = {}
+    last_object: str = ""
+    updated_at: float = 0.0
+    v: int = 1
+
+
+Progress = ProducerCheckpoint | ConsumerProgress | SinkProgress
+
+_decoder = msgspec.json.Decoder(Progress)
+
+
+def decode_progress(data: bytes) -> Progress:
+    return _decoder.decode(data)
+
+
+def producer_key(run: str) -> str:
+    return f"{run}/producer"
+
+
+def consumer_key(run: str, instance: str) -> str:
+    return f"{run}/consumer/{instance}"
+
+
+def sink_key(run: str, instance: str) -> str:
+    return f"{run}/sink/{instance}"

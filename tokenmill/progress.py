@@ -1,0 +1,99 @@
+"""Exact run progress from the `tokenmill.progress` topic (see
+schemas/progress.py): the producer's checkpoint and the sum of every
+consumer's and sink's committed counters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import msgspec
+
+from schemas.progress import (
+    ConsumerProgress,
+    ProducerCheckpoint,
+    SinkProgress,
+    decode_progress,
+    producer_key,
+)
+from tokenmill import compacted, kafka_clients, topics
+from tokenmill.settings import Settings
+
+
+@dataclass
+class RunProgress:
+    run: str
+    producer: ProducerCheckpoint | None = None
+    consumers: dict[str, ConsumerProgress] = field(default_factory=dict)
+    sinks: dict[str, SinkProgress] = field(default_factory=dict)
+
+    @property
+    def published(self) -> int:
+        return self.producer.next_seq if self.producer else 0
+
+    @property
+    def publishing_done(self) -> bool:
+        return bool(self.producer and self.producer.done)
+
+    @property
+    def generated(self) -> int:
+        """Committed records in `.completions` (completions + failures)."""
+        return sum(c.completions + c.failures for c in self.consumers.values())
+
+    @property
+    def persisted(self) -> int:
+        """Records the sink committed: S3 lines + DLQ records."""
+        return sum(s.s3_records + s.dlq_records for s in self.sinks.values())
+
+    @property
+    def generation_done(self) -> bool:
+        return self.publishing_done and self.generated >= self.published
+
+    @property
+    def sink_done(self) -> bool:
+        return self.publishing_done and self.persisted >= self.published
+
+    def consumer_total(self, name: str) -> int | float:
+        return sum(getattr(c, name) for c in self.consumers.values())
+
+    def consumer_counter(self, name: str) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for c in self.consumers.values():
+            total.update(getattr(c, name))
+        return total
+
+    def sink_counter(self, name: str) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for s in self.sinks.values():
+            total.update(getattr(s, name))
+        return total
+
+
+def ensure_topic(settings: Settings) -> None:
+    kafka_clients.ensure_topics(
+        kafka_clients.admin(settings), {topics.PROGRESS_TOPIC: 1}, topics.COMPACTED_TOPIC_CONFIG
+    )
+
+
+def read_run_progress(settings: Settings, run_id: str) -> RunProgress:
+    prefix = f"{run_id}/"
+    raw = compacted.read_to_end(settings, topics.PROGRESS_TOPIC, lambda k: k.startswith(prefix))
+    progress = RunProgress(run=run_id)
+    for key, value in raw.items():
+        record = decode_progress(value)
+        if isinstance(record, ProducerCheckpoint):
+            progress.producer = record
+        elif isinstance(record, ConsumerProgress):
+            progress.consumers[record.instance] = record
+        else:
+            progress.sinks[record.instance] = record
+    return progress
+
+
+def read_one(settings: Settings, key: str) -> bytes | None:
+    return compacted.read_to_end(settings, topics.PROGRESS_TOPIC, lambda k: k == key).get(key)
+
+
+def read_producer_checkpoint(settings: Settings, run_id: str) -> ProducerCheckpoint | None:
+    value = read_one(settings, producer_key(run_id))
+    return msgspec.json.decode(value, type=ProducerCheckpoint) if value else None
