@@ -47,9 +47,9 @@ def _splitmix64(state: int) -> tuple[int, int]:
 class Corpus:
     """A long run of words with O(1) slicing by word index."""
 
-    __slots__ = ("text", "starts", "size")
+    __slots__ = ("text", "starts", "size", "window")
 
-    def __init__(self, size: int, seed: int = 0x5EED) -> None:
+    def __init__(self, size: int, seed: int = 0x5EED, window: int = 0) -> None:
         words: list[str] = []
         state = seed
         capital = True
@@ -77,13 +77,16 @@ class Corpus:
         starts[size] = pos  # one past the trailing (virtual) space
         self.starts = starts
         self.size = size
+        # offsets wrap within the first `window` words, independent of the count,
+        # so a shorter slice at the same offset is a prefix of a longer one
+        self.window = window if 0 < window < size else max(size // 2, 1)
 
     def words(self, offset: int, count: int) -> str:
         """`count` words starting at word `offset` (both wrapped into range)."""
         if count <= 0:
             return ""
-        count = min(count, self.size)
-        offset %= self.size - count + 1
+        offset %= self.window
+        count = min(count, self.size - offset)
         return self.text[self.starts[offset] : self.starts[offset + count] - 1]
 
     def word_count(self, text: str) -> int:
@@ -94,7 +97,7 @@ class Corpus:
 @lru_cache(maxsize=4)
 def corpus_for(max_words: int) -> Corpus:
     """Shared corpus big enough for answers of `max_words` tokens."""
-    return Corpus(max(max_words, 1024) + 65536)
+    return Corpus(max(max_words, 1024) + 65536, window=65536)
 
 
 def _schema_value(schema: Any, r: int, corpus: Corpus, depth: int = 0) -> Any:
