@@ -19,7 +19,7 @@ ToolMode = Literal["structured", "as-given"]
 
 # Every reason a completion can be sent to the dead-letter topic.
 DLQ_REASONS: frozenset[str] = frozenset(
-    {"failed", "length", "empty", "trivial", "missing_reasoning", "abort"}
+    {"failed", "length", "empty", "trivial", "missing_reasoning"}
 )
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
