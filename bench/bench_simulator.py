@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = "listening on "
@@ -163,7 +163,8 @@ async def drive(url: str, seconds: float, concurrency: int, warmup: float) -> di
     loop = asyncio.get_running_loop()
     conns = []
     for wid in range(concurrency):
-        _, proto = await loop.create_connection(lambda w=wid: _Conn(load, w), host, int(port))
+        _, proto = await loop.create_connection(functools.partial(_Conn, load, wid), host,
+                                                int(port))
         conns.append(proto)
     await asyncio.gather(*(c.closed for c in conns))
     lat = sorted(load.latencies)

@@ -18,7 +18,7 @@ from tests.simulator.sim_helpers import metric_values
 pytestmark = pytest.mark.timeout(60)
 
 # fixed-length answers: every request decodes exactly 200 tokens (length cut)
-FIXED = dict(length_min=400, length_max=400, prefill_rate=0.0)
+FIXED = {"length_min": 400, "length_max": 400, "prefill_rate": 0.0}
 
 
 async def _burst(url: str, n: int, max_tokens: int = 200) -> list[float]:

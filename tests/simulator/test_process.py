@@ -48,7 +48,7 @@ def test_crash_after_exits_the_process() -> None:
 
 def test_cli_help_and_bad_flags() -> None:
     out = subprocess.run([sys.executable, "-m", "tokenmill.cli", "sim-sglang", "--help"],
-                         capture_output=True, text=True, timeout=30)
+                         capture_output=True, text=True, timeout=30, check=False)
     assert out.returncode == 0
     for flag in ("--max-running-requests", "--time-scale", "--zero-delay", "--error-rate",
                  "--crash-after", "--tool-call-parser", "--enable-cache-report",
@@ -56,5 +56,5 @@ def test_cli_help_and_bad_flags() -> None:
         assert flag in out.stdout
     bad = subprocess.run([sys.executable, "-m", "tokenmill.cli", "sim-sglang",
                           "--error-rate", "2", "--port", "0"],
-                         capture_output=True, text=True, timeout=30)
+                         capture_output=True, text=True, timeout=30, check=False)
     assert bad.returncode != 0 and "error_rate" in bad.stderr

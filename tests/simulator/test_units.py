@@ -96,7 +96,7 @@ def test_corpus_is_the_same_in_every_instance() -> None:
 @given(st.text(max_size=200), st.integers(-5, 5), st.booleans())
 @settings(max_examples=50)
 def test_answer_key_is_deterministic(text: str, seed: int, thinking: bool) -> None:
-    body = ('{"messages":[{"role":"user","content":%s}]}' % _json(text)).encode()
+    body = ('{"messages":[{"role":"user","content":' + _json(text) + "}]}").encode()
     a = facts(REQUEST_DECODER.decode(body), seed, thinking)
     b = facts(REQUEST_DECODER.decode(body), seed, thinking)
     assert a.key == b.key

@@ -224,6 +224,7 @@ def complete(
                           think_closed=closed, tool_name=None, tool_arguments=None,
                           finish_reason="abort", matched_stop=None,
                           completion_tokens=emitted, reasoning_tokens=rtoks)
+    matched: int | str | None
     if total > budget:
         emitted = budget
         finish, matched = "length", None

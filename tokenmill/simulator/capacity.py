@@ -44,7 +44,7 @@ class JobTimes(msgspec.Struct, kw_only=True):
 
 
 class _Decoding:
-    __slots__ = ("finish_v", "join_v", "tokens", "prompt_tokens", "done", "seq")
+    __slots__ = ("done", "finish_v", "join_v", "prompt_tokens", "seq", "tokens")
 
     def __init__(self, finish_v: float, join_v: float, tokens: int, prompt_tokens: int,
                  done: asyncio.Future[None], seq: int) -> None:

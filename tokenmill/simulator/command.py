@@ -78,7 +78,7 @@ def _base_type(annotation: Any) -> tuple[type, bool]:
     return annotation, False
 
 
-class _Optional(click.ParamType):
+class _Optional(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     """A scalar that may also be 'none'."""
 
     def __init__(self, inner: type) -> None:
@@ -115,6 +115,16 @@ def _options(command: Any) -> Any:
     return command
 
 
+def bound_port(site: web.TCPSite) -> int:
+    """The port a started site listens on (the real one when asked for port 0)."""
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    if not sockets:
+        raise RuntimeError("site is not listening")
+    port: int = sockets[0].getsockname()[1]
+    return port
+
+
 async def _serve(config: SimulatorConfig) -> None:
     log = get_logger("tokenmill.simulator")
     app = create_app(config)
@@ -122,8 +132,7 @@ async def _serve(config: SimulatorConfig) -> None:
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096)
     await site.start()
-    server = site._server
-    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else 0
+    port = bound_port(site)
     url = f"http://{config.host}:{port}"
     print(READY_PREFIX + url, flush=True)
     log.info("sim_sglang_listening", url=url)

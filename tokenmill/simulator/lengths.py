@@ -18,7 +18,7 @@ _EPS = 1e-12
 class LengthModel:
     """Natural (un-truncated) answer lengths in tokens."""
 
-    __slots__ = ("mu", "sigma", "lo", "hi")
+    __slots__ = ("hi", "lo", "mu", "sigma")
 
     def __init__(self, median: float, sigma: float, lo: int, hi: int) -> None:
         if median <= 0 or sigma < 0 or not 1 <= lo <= hi:

@@ -48,9 +48,7 @@ def thinking_enabled(request: ChatCompletionRequest) -> bool:
     kwargs = request.chat_template_kwargs
     if kwargs is not None and kwargs.get("enable_thinking") is False:
         return False
-    if request.reasoning_effort == "none":
-        return False
-    return True
+    return request.reasoning_effort != "none"
 
 
 def facts(request: ChatCompletionRequest, server_seed: int, thinking: bool) -> PromptFacts:

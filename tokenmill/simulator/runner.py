@@ -24,10 +24,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Self
 
 from aiohttp import web
 
-from tokenmill.simulator.command import READY_PREFIX
+from tokenmill.simulator.command import READY_PREFIX, bound_port
 from tokenmill.simulator.config import SimulatorConfig, to_cli_args
 from tokenmill.simulator.server import STATE, SimulatorState, create_app
 
@@ -86,9 +87,7 @@ class SimulatorThread:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
         await site.start()
-        server = site._server
-        assert server is not None and server.sockets
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = bound_port(site)
         self.base_url = f"http://{self.host}:{self.port}"
 
     async def _cleanup(self) -> None:
@@ -108,7 +107,7 @@ class SimulatorThread:
             thread.join(START_TIMEOUT)
         self._thread = None
 
-    def __enter__(self) -> SimulatorThread:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -226,7 +225,7 @@ class SimulatorProcess:
         self.terminate()
         return self.start(timeout)
 
-    def __enter__(self) -> SimulatorProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -15,7 +15,7 @@ from array import array
 from functools import lru_cache
 from typing import Any
 
-_VOCAB = (
+_VOCAB = (  # noqa: SIM905 - a word list reads better as text
     "the of and to in is that for it as with was on be by this are from at or an which "
     "but not have has had were can all their there more one also so some these would "
     "other into its than then only over such first two may any most when what where how "
@@ -47,7 +47,7 @@ def _splitmix64(state: int) -> tuple[int, int]:
 class Corpus:
     """A long run of words with O(1) slicing by word index."""
 
-    __slots__ = ("text", "starts", "size", "window")
+    __slots__ = ("size", "starts", "text", "window")
 
     def __init__(self, size: int, seed: int = 0x5EED, window: int = 0) -> None:
         words: list[str] = []
