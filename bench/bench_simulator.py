@@ -232,7 +232,7 @@ def main() -> None:
                       f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
                       f"{100 * r['server_cpu']:.0f}%", f"{r['rps'] / r['server_cpu']:,.0f}",
                       str(int(r["errors"])))
-    console = Console()
+    console = Console(width=120)
     console.print(table)
     sim = results["tokenmill sim-sglang"]["rps"]
     verdict = "meets" if sim >= TARGET_RPS else "MISSES"

@@ -20,8 +20,10 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Self
@@ -154,13 +156,15 @@ class SimulatorProcess:
         self.env = env
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
+        self._stderr: typing.IO[bytes] | None = None
 
     def start(self, timeout: float = START_TIMEOUT) -> str:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _close
         self.proc = subprocess.Popen(
             command_line(self.config, self.port), stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, env=env,
+            stderr=self._stderr, text=True, env=env,
         )
         url = self._wait_ready(timeout)
         self.base_url = url
@@ -178,13 +182,22 @@ class SimulatorProcess:
                     continue
                 line = self.proc.stdout.readline()
                 if not line:
-                    raise RuntimeError(f"simulator exited with {self.proc.wait()} before ready")
+                    code = self.proc.wait()
+                    raise RuntimeError(f"simulator exited with {code} before ready: "
+                                       f"{self.stderr_tail()}")
                 if line.startswith(READY_PREFIX):
                     return line[len(READY_PREFIX):].strip()
         finally:
             sel.close()
         self.kill()
         raise TimeoutError("simulator process did not report ready")
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        """The end of the child's stderr (its logs), for failure messages."""
+        if self._stderr is None or self._stderr.closed:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-limit:]
 
     @property
     def pid(self) -> int:
@@ -219,6 +232,9 @@ class SimulatorProcess:
     def _close(self) -> None:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def restart(self, timeout: float = START_TIMEOUT) -> str:
         """Stop (if running) and start again on the same port."""
