@@ -21,6 +21,13 @@ import pytest
 from tokenmill.settings import Settings
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_logs() -> None:
+    from tokenmill import log
+
+    log.configure("warning", "console")
+
+
 @dataclass(frozen=True)
 class Services:
     bootstrap_servers: str

@@ -1,0 +1,162 @@
+"""Helpers for consumer tests: publish prompts the way the producer does
+(transactionally, with a final checkpoint), run `tokenmill consume` as real
+processes, and read back what was committed with kafka-python."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from confluent_kafka import Producer
+
+from schemas import GenerationSettings, Message, PromptRecord, RunSpec, decode_completion
+from schemas.progress import ProducerCheckpoint, producer_key
+from tests.kafka_helpers import read_all
+from tokenmill import progress, topics
+from tokenmill.registry import RunRegistry
+from tokenmill.settings import Settings
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def make_prompts(run_id: str, n: int, *, tools_every: int = 0, long_every: int = 0,
+                 long_chars: int = 200_000) -> list[PromptRecord]:
+    prompts = []
+    for i in range(n):
+        text = f"Question {i}: explain topic number {i} in detail."
+        tools = None
+        category = "plain"
+        if long_every and i % long_every == 0:
+            text = "x " * (long_chars // 2)
+        elif tools_every and i % tools_every == 0:
+            tools = (WEATHER_TOOL,)
+            category = "tools"
+        prompts.append(PromptRecord(
+            id=f"p{i:06d}", run=run_id, messages=(Message(role="user", content=text),),
+            source="test.jsonl", format="plain", category=category, line=i + 1, tools=tools,
+            seq=i))
+    return prompts
+
+
+def create_run(settings: Settings, run_id: str, partitions: int, *, max_tokens: int = 256,
+               **generation: Any) -> RunSpec:
+    spec = RunSpec(run_id=run_id, partitions=partitions,
+                   generation=GenerationSettings(model="sim", max_tokens=max_tokens, **generation))
+    RunRegistry(settings).create_run(spec)
+    progress.ensure_topic(settings)
+    return spec
+
+
+def publish(settings: Settings, spec: RunSpec, prompts: list[PromptRecord]) -> None:
+    """Round-robin over partitions, in transactions, ending with a done checkpoint."""
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers,
+                         "transactional.id": f"test.{spec.run_id}.publisher"})
+    producer.init_transactions(30)
+    per_partition = [0] * spec.partitions
+    chunk = 500
+    for start in range(0, len(prompts), chunk):
+        producer.begin_transaction()
+        for prompt in prompts[start:start + chunk]:
+            partition = prompt.seq % spec.partitions
+            per_partition[partition] += 1
+            producer.produce(topics.prompts_topic(spec.run_id), key=prompt.id.encode(),
+                             value=msgspec.json.encode(prompt), partition=partition)
+        end = min(start + chunk, len(prompts))
+        checkpoint = ProducerCheckpoint(run=spec.run_id, next_seq=end, total=len(prompts),
+                                        done=end == len(prompts),
+                                        per_partition=tuple(per_partition))
+        producer.produce(topics.PROGRESS_TOPIC, key=producer_key(spec.run_id).encode(),
+                         value=msgspec.json.encode(checkpoint))
+        producer.commit_transaction(30)
+
+
+def committed_records(settings: Settings, run_id: str) -> list[Any]:
+    return [decode_completion(r.value) for r in
+            read_all(settings.bootstrap_servers, topics.completions_topic(run_id), timeout_s=60)]
+
+
+def duplicates(records: list[Any]) -> dict[str, int]:
+    counts = Counter(r.id for r in records)
+    return {k: v for k, v in counts.items() if v > 1}
+
+
+class ConsumerProcess:
+    """`tokenmill consume` as a child process, killable like a real worker."""
+
+    def __init__(self, settings: Settings, run_id: str, sglang_url: str, instance: str,
+                 log_dir: Path, *extra: str) -> None:
+        self.args = [sys.executable, "-m", "tokenmill.cli", "consume", "--run", run_id,
+                     "--sglang-url", sglang_url, "--instance", instance,
+                     "--bootstrap-servers", settings.bootstrap_servers,
+                     "--log-format", "json", "--session-timeout-ms", "6000",
+                     "--commit-interval", "0.5", *extra]
+        self.instance = instance
+        self.log_path = log_dir / f"consumer-{instance}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> ConsumerProcess:
+        self.starts += 1
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def terminate(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log().splitlines():
+            if line.startswith("{"):
+                try:
+                    event = msgspec.json.decode(line)
+                except msgspec.DecodeError:
+                    continue
+                if event.get("event") == name:
+                    out.append(event)
+        return out
+
+    def stop(self) -> None:
+        if self.running():
+            self.terminate()
+            try:
+                self.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_until(predicate: Any, timeout_s: float, message: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{message} not reached within {timeout_s}s")
