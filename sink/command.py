@@ -1,0 +1,78 @@
+"""`tokenmill sink`: parses flags, hands off to SinkService."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from sink.batcher import BatchLimits
+from sink.config import parse_size, resolve
+from sink.errors import SinkError
+from sink.service import SinkService
+from tokenmill.commandline import register_known_error, service_command
+from tokenmill.registry import RunRegistry
+from tokenmill.settings import Settings
+
+register_known_error(SinkError)
+
+
+class SizeType(click.ParamType):  # type: ignore[type-arg]
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.command("sink")
+@click.option("--run", "run_id", required=True, help="Run id whose completions to persist.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
+              help="Records per batch (per partition) before it is flushed.")
+@click.option("--max-batch-bytes", type=SizeType(), default="64MiB", show_default=True,
+              help="Flush a batch once its records reach this many bytes (e.g. 64MiB).")
+@click.option("--max-batch-age", "max_batch_age_s", type=click.FloatRange(min=0, min_open=True),
+              default=600.0, show_default=True,
+              help="Flush a batch this many seconds after its first record.")
+@click.option("--compression", type=click.Choice(["none", "zstd"]), default=None,
+              help="Object compression [default: the run spec's s3.compression, else none].")
+@click.option("--instance", default=None,
+              help="Stable instance id: static group membership and the transactional id "
+                   "[default: the host name]. Unique per sink process.")
+@click.option("--until-done", is_flag=True,
+              help="Exit 0 once every prompt of the run is persisted (S3 or DLQ).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0,
+              show_default=True, help="Serve Prometheus /metrics on this port (0: off).")
+@click.option("--create-bucket/--no-create-bucket", default=None,
+              help="Create a missing bucket [default: only on a loopback endpoint].")
+@click.option("--session-timeout", "session_timeout_s", type=click.FloatRange(min=1),
+              default=30.0, show_default=True,
+              help="Group session timeout, seconds: how long a crashed sink keeps its "
+                   "partitions before the others take them over.")
+@click.option("--upload-concurrency", type=click.IntRange(min=1, max=64), default=4,
+              show_default=True, help="Partitions whose batches upload in parallel.")
+@click.option("--conditional-writes/--no-conditional-writes", default=True, show_default=True,
+              help="Send If-None-Match/If-Match on uploads (off for endpoints that reject them).")
+@service_command
+def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: int,
+         max_batch_age_s: float, compression: str | None, instance: str | None,
+         until_done: bool, metrics_port: int, create_bucket: bool | None,
+         session_timeout_s: float, upload_concurrency: int, conditional_writes: bool) -> None:
+    """Persist a run's completions: good samples to S3 as JSONL batches, the
+    rest to the run's dead-letter topic, exactly once."""
+    spec = RunRegistry(settings).get(run_id)
+    config = resolve(
+        settings, spec, instance=instance, compression=compression,  # type: ignore[arg-type]
+        create_bucket=create_bucket,
+        limits=BatchLimits(max_records=batch_size, max_bytes=max_batch_bytes,
+                           max_age_s=max_batch_age_s),
+        until_done=until_done, metrics_port=metrics_port, session_timeout_s=session_timeout_s,
+        upload_concurrency=upload_concurrency, conditional_writes=conditional_writes)
+    service = SinkService(settings=settings, spec=spec, config=config)
+    service.install_signal_handlers()
+    sys.exit(service.run())

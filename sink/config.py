@@ -1,0 +1,100 @@
+"""The sink's own settings, resolved once from flags, the shared settings
+and the run spec. Pure."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from schemas import RunSpec
+from sink.batcher import BatchLimits
+from sink.errors import SinkError
+from sink.object_keys import Compression, normalize_prefix
+from sink.s3_writer import is_local_endpoint
+from tokenmill.settings import Settings
+
+# Fault injection for crash tests: exit with 137 (as after kill -9) right
+# after the Nth object upload, before its commit.
+FAULT_EXIT_AFTER_UPLOAD_ENV = "TOKENMILL_FAULT_SINK_EXIT_AFTER_UPLOAD"
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """Parameters of one sink instance (see `tokenmill sink --help`)."""
+
+    run: str
+    instance: str
+    bucket: str
+    prefix: str
+    compression: Compression
+    limits: BatchLimits = field(default_factory=BatchLimits)
+    create_bucket: bool = False
+    until_done: bool = False
+    metrics_port: int = 0
+    session_timeout_s: float = 30.0
+    consume_batch: int = 2000
+    poll_timeout_s: float = 0.5
+    upload_concurrency: int = 4
+    conditional_writes: bool = True
+    done_check_interval_s: float = 2.0
+    exit_after_upload: int | None = None
+
+    @property
+    def transactional_id(self) -> str:
+        return f"tokenmill.{self.run}.sink.{self.instance}"
+
+
+def default_instance() -> str:
+    """Stable across restarts of the same host (static membership and the
+    transactional id depend on it); run several sinks on one host with
+    distinct `--instance` values."""
+    return socket.gethostname().split(".")[0] or "sink"
+
+
+def resolve(settings: Settings, spec: RunSpec, *, instance: str | None,
+            compression: Compression | None, create_bucket: bool | None,
+            limits: BatchLimits, environ: Mapping[str, str] | None = None,
+            **rest: object) -> SinkConfig:
+    """Flags and environment win over the run spec's S3 destination.
+
+    `create_bucket` None means: create a missing bucket only on a loopback
+    endpoint (the dev stack, tests), never on AWS or a remote endpoint."""
+    environ = os.environ if environ is None else environ
+    destination = spec.s3
+    bucket = settings.s3_bucket or (destination.bucket if destination else None)
+    if not bucket:
+        raise SinkError(
+            f"no S3 bucket for run {spec.run_id}: the run spec has none; pass --s3-bucket "
+            "(or TOKENMILL_S3_BUCKET)")
+    prefix = settings.s3_prefix or (destination.prefix if destination else "")
+    chosen: Compression = compression or (destination.compression if destination else "none")
+    if create_bucket is None:
+        create_bucket = is_local_endpoint(settings.s3_endpoint_url)
+    fault = environ.get(FAULT_EXIT_AFTER_UPLOAD_ENV)
+    return SinkConfig(
+        run=spec.run_id,
+        instance=instance or default_instance(),
+        bucket=bucket,
+        prefix=normalize_prefix(prefix),
+        compression=chosen,
+        limits=limits,
+        create_bucket=create_bucket,
+        exit_after_upload=int(fault) if fault else None,
+        **rest,  # type: ignore[arg-type]
+    )
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """'67108864', '64MiB', '64mb', '512k' -> bytes."""
+    cleaned = text.strip().lower().replace(" ", "")
+    number = cleaned.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = cleaned[len(number):]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"not a size: {text!r} (use bytes, or a suffix like 64MiB, 512k)")
+    return int(float(number) * _UNITS[unit])

@@ -1,0 +1,37 @@
+"""The sink's exceptions, under one root."""
+
+from __future__ import annotations
+
+
+class SinkError(RuntimeError):
+    """Root of every error the sink raises on purpose."""
+
+
+class InvalidRecord(SinkError):
+    """A record in `.completions` that cannot belong to this run: undecodable,
+    of another run, or made with other generation settings. The sink stops
+    rather than write it anywhere: it is a bug upstream, not a data outcome."""
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int) -> None:
+        super().__init__(f"{message} (at {topic} [{partition}] offset {offset})")
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class ObjectConflict(SinkError):
+    """A conditional S3 write found the key in another state than expected:
+    another writer (a zombie owner of the partition) got there first."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"s3 object {key} changed under a conditional write")
+        self.key = key
+
+
+class BucketMissing(SinkError):
+    """The destination bucket does not exist and may not be created."""
+
+
+class CommitAborted(SinkError):
+    """The flush transaction was aborted (e.g. the group generation moved on);
+    nothing of it is committed, and its batches must be replayed."""

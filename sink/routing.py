@@ -1,0 +1,64 @@
+"""Where a completion record goes: S3, or the DLQ with a reason.
+
+Pure functions of the record and the run spec. Every reason that applies is
+found, in a fixed priority order; the first one the run's QA policy lists
+sends the record to the DLQ. Reasons the policy does not list are ignored, so
+such records go to S3 anyway.
+
+A `Failure` has no generated turn and cannot be a training sample: it always
+goes to the DLQ as `failed`, whatever the policy says.
+"""
+
+from __future__ import annotations
+
+from schemas import Completion, CompletionRecord, Failure, RunSpec
+
+# Highest priority first: the detail of a record that is both length-capped
+# and without reasoning says "length".
+PRIORITY: tuple[str, ...] = ("failed", "length", "empty", "trivial", "missing_reasoning")
+
+MAX_DETAIL_CHARS = 500
+
+
+def _blank(text: str | None) -> bool:
+    return text is None or not text.strip()
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 1] + "…"
+
+
+def completion_reasons(record: Completion, spec: RunSpec) -> list[tuple[str, str]]:
+    """Every DLQ reason that applies to a completion, in priority order."""
+    found: list[tuple[str, str]] = []
+    if record.finish_reason == "length":
+        detail = (f"finish_reason=length after {record.usage.completion_tokens} completion "
+                  f"tokens (max_tokens={spec.generation.max_tokens})")
+        found.append(("length", detail))
+    has_tools = bool(record.tool_calls)
+    if _blank(record.content) and _blank(record.reasoning_content) and not has_tools:
+        found.append(("empty", "no content, no reasoning_content, no tool_calls"))
+    stripped = (record.content or "").strip()
+    limit = spec.qa.trivial_max_chars
+    if not has_tools and len(stripped) <= limit:
+        found.append(("trivial", _clip(f"answer {stripped!r} is at most {limit} characters")))
+    if spec.generation.enable_thinking and _blank(record.reasoning_content):
+        found.append(("missing_reasoning", "enable_thinking is on but no reasoning_content"))
+    return found
+
+
+def failure_detail(record: Failure) -> str:
+    status = f" (HTTP {record.status})" if record.status is not None else ""
+    return _clip(f"{record.failure}{status} after {record.attempts} attempt(s): {record.error}")
+
+
+def dlq_reason(record: CompletionRecord, spec: RunSpec) -> tuple[str, str] | None:
+    """(reason, detail) if the record goes to the DLQ under the run's policy,
+    else None (it goes to S3)."""
+    if isinstance(record, Failure):
+        return "failed", failure_detail(record)
+    policy = spec.qa.dlq_reasons
+    for reason, detail in completion_reasons(record, spec):
+        if reason in policy:
+            return reason, detail
+    return None
