@@ -160,3 +160,21 @@ def wait_until(predicate: Any, timeout_s: float, message: str = "condition") -> 
             return
         time.sleep(0.2)
     raise AssertionError(f"{message} not reached within {timeout_s}s")
+
+
+def sim_metrics(url: str) -> dict[str, float]:
+    """SGLang metrics from the simulator, summed over label sets."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("sglang:"):
+            name = line.split("{")[0].split(" ")[0]
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def consumer_progress(settings: Settings, run_id: str) -> Any:
+    return progress.read_run_progress(settings, run_id)
