@@ -1,0 +1,117 @@
+"""`tokenmill produce`: flags -> a run spec and options; the work is in
+producer/pipeline.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from producer.errors import ProducerError
+from producer.pipeline import ProduceOptions, run_producer
+from schemas.run import (
+    DLQ_REASONS,
+    RUN_ID_PATTERN,
+    Estimate,
+    GenerationSettings,
+    QAPolicy,
+    RunSpec,
+    S3Destination,
+)
+from tokenmill.commandline import register_known_error, service_command
+from tokenmill.settings import Settings
+
+register_known_error(ProducerError)
+
+
+def parse_dlq_reasons(value: str | None) -> QAPolicy:
+    if value is None:
+        return QAPolicy()
+    reasons = tuple(r.strip() for r in value.split(",") if r.strip())
+    try:
+        return QAPolicy(dlq_reasons=reasons)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--dlq-reasons") from None
+
+
+@click.command("produce")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--run", "run_id", required=True, help="Run id (letters, digits, '_', '-').")
+@click.option("--gpus", type=click.IntRange(min=1), required=True,
+              help="GPUs (consumers) the run is sized for.")
+@click.option("--partitions-per-gpu", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Partitions per GPU: headroom to add or move consumers.")
+@click.option("--multi-turn", type=click.Choice(["last-user", "strip-assistant", "per-user-turn"]),
+              default="last-user", show_default=True, help="What a conversation becomes.")
+@click.option("--tools", "tool_mode", type=click.Choice(["structured", "as-given"]),
+              default="structured", show_default=True,
+              help="Tool specs as the request's `tools` field, or left in the system prompt.")
+@click.option("--model", default="default", show_default=True, help="Model name for requests.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.6, show_default=True)
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0), default=0.95, show_default=True)
+@click.option("--top-k", type=int, default=20, show_default=True)
+@click.option("--seed", type=int, default=None, help="Sampling seed (unset: none).")
+@click.option("--thinking/--no-thinking", default=True, show_default=True,
+              help="Ask for the model's reasoning (enable_thinking).")
+@click.option("--estimate-rps", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Expected requests/s, to compare progress against.")
+@click.option("--estimate-output-tokens", type=click.FloatRange(min=0.0, min_open=True),
+              default=None, help="Expected output tokens per completion.")
+@click.option("--dlq-reasons", default=None,
+              help=f"Comma list of outcomes sent to the DLQ [default: all of "
+                   f"{','.join(sorted(DLQ_REASONS))}].")
+@click.option("--parent-run", default=None, help="Run this one replays or extends.")
+@click.option("--s3-compression", type=click.Choice(["none", "zstd"]), default="none",
+              show_default=True, help="Compression of the S3 objects the sink writes.")
+@click.option("--rejects", "rejects_path", type=click.Path(path_type=Path), default=None,
+              help="Rejected records (JSONL) [default: <state-dir>/producer/<run>/rejects.jsonl].")
+@click.option("--strict", is_flag=True, help="Stop at the first rejected record (exit 1).")
+@click.option("--dry-run", is_flag=True,
+              help="Read and summarize only: no run is created, nothing is published.")
+@click.option("--transaction-records", type=click.IntRange(min=1), default=5000,
+              show_default=True, help="Prompts per Kafka transaction at most.")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="Progress bars on stderr [default: when stderr is a terminal].")
+@service_command
+def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
+            partitions_per_gpu: int, multi_turn: str, tool_mode: str, model: str,
+            max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
+            thinking: bool, estimate_rps: float | None, estimate_output_tokens: float | None,
+            dlq_reasons: str | None, parent_run: str | None, s3_compression: str,
+            rejects_path: Path | None, strict: bool, dry_run: bool, transaction_records: int,
+            show_progress: bool | None) -> None:
+    """Normalize prompt files and publish them to a new run, exactly once.
+
+    Reads JSONL, JSON arrays, .gz/.zst JSONL and Parquet; detects ShareGPT,
+    OpenAI messages and request bodies, Hermes and "Available tools:" function
+    calling, Alpaca and plain prompts, per record. Running the same command
+    again resumes after the last committed transaction; after completion it
+    publishes nothing.
+
+    \b
+    Examples:
+      tokenmill produce data/*.jsonl --run qwen-r1 --gpus 7
+      tokenmill produce chats.json.gz tools.parquet --run r2 --gpus 8 \\
+          --multi-turn per-user-turn --max-tokens 16384 --dry-run
+    """
+    if not RUN_ID_PATTERN.match(run_id):
+        raise click.BadParameter(f"invalid run id {run_id!r}: use 1-100 letters, digits, '_' "
+                                 "or '-' starting with a letter or digit", param_hint="--run")
+    generation = GenerationSettings(model=model, max_tokens=max_tokens, temperature=temperature,
+                                    top_p=top_p, top_k=top_k, seed=seed,
+                                    enable_thinking=thinking, tools=tool_mode)  # type: ignore[arg-type]
+    s3 = (S3Destination(bucket=settings.s3_bucket, prefix=settings.s3_prefix,
+                        compression=s3_compression)  # type: ignore[arg-type]
+          if settings.s3_bucket else None)
+    estimate = (Estimate(requests_per_s=estimate_rps, output_tokens=estimate_output_tokens)
+                if estimate_rps is not None or estimate_output_tokens is not None else None)
+    spec = RunSpec(run_id=run_id, partitions=gpus * partitions_per_gpu, generation=generation,
+                   multi_turn=multi_turn,  # type: ignore[arg-type]
+                   qa=parse_dlq_reasons(dlq_reasons), s3=s3, parent_run=parent_run,
+                   estimate=estimate)
+    out = Console() if Console().is_terminal else Console(width=160)
+    run_producer(settings, ProduceOptions(
+        files=files, spec=spec, rejects_path=rejects_path, strict=strict, dry_run=dry_run,
+        transaction_records=transaction_records, show_progress=show_progress), out=out)

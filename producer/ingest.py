@@ -1,0 +1,153 @@
+"""Pass 1: every input record -> normalized, deduplicated prompts in the spool.
+
+Streams each file once, in the order given. Each record is decoded, its
+format normalized, the multi-turn policy applied; each resulting prompt gets
+its id, is dropped if seen before, and is written to its bucket's spool file
+(bucket = source x category). Rejected records go to the rejects file. Memory
+holds only the dedupe keys and counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from producer import records
+from producer.errors import StrictStop
+from producer.formats import decode, normalize
+from producer.ids import SeenIds, prompt_id
+from producer.inputs import Source
+from producer.multiturn import apply_policy, category, user_turns
+from producer.readers import InputReader, ReadProblem
+from producer.rejects import Reject, RejectsFile, excerpt
+from producer.spool import SpoolWriter
+from producer.summary import CATEGORIES, SourceStats, Summary
+from schemas.prompt import PromptRecord
+from schemas.run import MultiTurnPolicy, ToolMode
+from tokenmill.log import get_logger
+
+log = get_logger("tokenmill.producer")
+
+_CATEGORY_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+PROGRESS_EVERY = 2048  # records between progress callbacks
+
+
+def bucket_of(source_index: int, category: str) -> int:
+    """Fixed bucket numbering: source-major, categories in CATEGORIES order."""
+    return source_index * len(CATEGORIES) + _CATEGORY_INDEX[category]
+
+
+def bucket_label(sources: list[Source], bucket: int) -> str:
+    source, cat = divmod(bucket, len(CATEGORIES))
+    return f"{sources[source].name}/{CATEGORIES[cat]}"
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    run: str
+    policy: MultiTurnPolicy
+    tool_mode: ToolMode
+    strict: bool = False
+
+
+@dataclass
+class IngestResult:
+    summary: Summary
+    bucket_counts: list[int]  # records per bucket, indexed by bucket_of()
+
+    @property
+    def total(self) -> int:
+        return sum(self.bucket_counts)
+
+
+def ingest(sources: list[Source], options: IngestOptions, spool: SpoolWriter,
+           rejects: RejectsFile,
+           progress: Callable[[int, int], None] | None = None) -> IngestResult:
+    """Read every source into the spool. `progress(bytes_done, records)` is
+    called every few thousand records."""
+    summary = Summary(sources=[SourceStats(s.name) for s in sources])
+    counts = [0] * (len(sources) * len(CATEGORIES))
+    seen = SeenIds()
+    bytes_before = 0
+    records_read = 0
+    for index, source in enumerate(sources):
+        stats = summary.sources[index]
+        reader = InputReader(source.path)
+        state = _FileState(source, index, stats, summary, options, rejects, counts, seen, spool)
+        for line, data in reader:
+            state.record(line, data)
+            records_read += 1
+            if progress is not None and records_read % PROGRESS_EVERY == 0:
+                progress(bytes_before + reader.position, records_read)
+        bytes_before += reader.size
+        if progress is not None:
+            progress(bytes_before, records_read)
+        if stats.records == 0:
+            warning = f"{source.path}: empty file, no records"
+            summary.warnings.append(warning)
+            log.warning("empty input", file=str(source.path))
+    return IngestResult(summary, counts)
+
+
+class _FileState:
+    """The per-record work for one file, with its collaborators bound once."""
+
+    def __init__(self, source: Source, index: int, stats: SourceStats, summary: Summary,
+                 options: IngestOptions, rejects: RejectsFile, counts: list[int],
+                 seen: SeenIds, spool: SpoolWriter) -> None:
+        self.source = source
+        self.index = index
+        self.stats = stats
+        self.summary = summary
+        self.options = options
+        self.rejects = rejects
+        self.counts = counts
+        self.seen = seen
+        self.spool = spool
+
+    def reject(self, line: int, reason: str, detail: str, data: object) -> None:
+        self.stats.rejected += 1
+        self.summary.reject(reason, f"{self.source.name}:{line}")
+        self.rejects.write(self.source.name, line, reason, detail, excerpt(data))
+        if self.options.strict:
+            raise StrictStop(f"{self.source.path}:{line}: {reason}: {detail} "
+                             f"(--strict stops at the first rejected record)")
+
+    def record(self, line: int, data: bytes | dict[str, object] | ReadProblem) -> None:
+        stats = self.stats
+        stats.records += 1
+        if isinstance(data, ReadProblem):
+            self.reject(line, data.reason, data.detail, b"")
+            return
+        options = self.options
+        try:
+            normalized = normalize(decode(data), options.tool_mode)  # type: ignore[arg-type]
+            prompts = apply_policy(normalized.messages, options.policy)
+        except Reject as exc:
+            self.reject(line, exc.reason, exc.detail, data)
+            return
+        stats.formats[normalized.format] += 1
+        tools = normalized.tools
+        for messages, turn in prompts:
+            pid, key = prompt_id(messages, tools)
+            if key in self.seen:
+                stats.duplicates += 1
+                continue
+            cat = category(messages, tools, normalized.tool_text)
+            payload = records.prefix(PromptRecord(
+                id=pid, run=options.run, messages=messages, source=self.source.name,
+                format=normalized.format, category=cat, line=line, turn=turn, tools=tools))
+            if len(payload) > records.MAX_RECORD_BYTES:
+                where = f" (user turn {turn})" if turn is not None else ""
+                self.reject(line, "too-large",
+                            f"prompt{where} is {len(payload):,} bytes encoded; Kafka takes at "
+                            f"most {records.MAX_RECORD_BYTES:,}", data)
+                continue
+            self.seen.add(key)
+            bucket = bucket_of(self.index, cat)
+            self.spool.add(bucket, pid.encode(), payload)
+            self.counts[bucket] += 1
+            stats.prompts += 1
+            stats.by_category[cat] += 1
+            if user_turns(messages) > 1:
+                stats.several_user_turns += 1

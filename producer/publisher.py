@@ -1,0 +1,340 @@
+"""Pass 2: publish the spool in the deterministic order, exactly once.
+
+One transactional producer per run (`transactional.id` = tokenmill.<run>.producer).
+Each transaction holds a chunk of prompts and a `ProducerCheckpoint` saying
+that seq [0, next_seq) is committed; the final one says done. Both land
+together or not at all, so the checkpoint always equals what is committed.
+
+Resuming: `init_transactions` fences any earlier incarnation and aborts its
+open transaction. The committed prefix is then read twice, independently:
+from the checkpoint, and from the last committed record of every partition of
+the prompts topic (only this producer writes there, so no one else's open
+transaction can hide records). They must agree, and each partition's last
+record must carry the id this run's publish order puts at its seq; otherwise
+the order changed (say, a different tokenmill version normalizes differently)
+and resuming would duplicate prompts, so the producer refuses.
+
+Fault injection for tests: `TOKENMILL_FAULT_PRODUCER_KILL_AFTER_TXNS=N` makes
+the process send the records of transaction N+1, flush them to the broker, and
+`os._exit(137)` before committing: a kill -9 in the worst place.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from producer.errors import ProducerError, ResumeMismatch
+from producer.mixing import partition_sizes, publish_order
+from producer.records import finish
+from producer.spool import SpoolReader, bucket_path
+from schemas.progress import ProducerCheckpoint, producer_key
+from tokenmill import kafka_clients, topics
+from tokenmill.log import get_logger
+from tokenmill.progress import ensure_topic, read_producer_checkpoint
+from tokenmill.settings import Settings
+
+log = get_logger("tokenmill.producer")
+
+FAULT_KILL_AFTER_TXNS = "TOKENMILL_FAULT_PRODUCER_KILL_AFTER_TXNS"
+TXN_TIMEOUT_S = 60.0
+COMMIT_ATTEMPTS = 3
+
+# librdkafka settings for bulk publishing: big batches, a bounded queue (a
+# transaction's worth), lz4 from the shared producer config.
+PRODUCER_CONFIG: dict[str, Any] = {
+    "linger.ms": 50,
+    "batch.num.messages": 10_000,
+    "batch.size": 1_000_000,
+    "queue.buffering.max.kbytes": 128 * 1024,
+    "queue.buffering.max.messages": 200_000,
+    "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
+}
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    run: str
+    topic: str
+    partitions: int
+    bucket_counts: list[int]
+    spool_dir: Path
+    max_records: int = 5000  # per transaction
+    max_bytes: int = 32 * 1024 * 1024  # per transaction
+    max_seconds: float = 1.0  # per transaction
+
+    @property
+    def total(self) -> int:
+        return sum(self.bucket_counts)
+
+
+@dataclass
+class ResumePoint:
+    next_seq: int
+    done: bool
+    checkpoint: ProducerCheckpoint | None
+    tails: dict[int, tuple[str, int]] = field(default_factory=dict)  # p -> (id, seq)
+
+
+class _Tail(msgspec.Struct):
+    id: str
+    seq: int
+
+
+_tail_decoder = msgspec.json.Decoder(_Tail)
+
+
+def transactional_id(run: str) -> str:
+    return f"tokenmill.{run}.producer"
+
+
+class Publisher:
+    """Owns the transactional producer of one run."""
+
+    def __init__(self, settings: Settings, run: str) -> None:
+        self._settings = settings
+        self._run = run
+        self._producer: Producer | None = None
+        fault = os.environ.get(FAULT_KILL_AFTER_TXNS)
+        self._kill_after = int(fault) if fault not in (None, "") else None
+
+    def fence(self) -> None:
+        """Become the only producer of this run; aborts a dead predecessor's
+        open transaction so committed reads are not held back by it."""
+        kafka_clients.check_broker(self._settings)
+        ensure_topic(self._settings)
+        self._producer = kafka_clients.transactional_producer(
+            self._settings, transactional_id(self._run), PRODUCER_CONFIG)
+        try:
+            self._producer.init_transactions(TXN_TIMEOUT_S)
+        except KafkaException as exc:
+            raise ProducerError(f"could not start the transactional producer for run "
+                                f"{self._run}: {exc.args[0]}") from None
+
+    def checkpoint(self) -> ProducerCheckpoint | None:
+        return read_producer_checkpoint(self._settings, self._run)
+
+    def resume_point(self, plan: PublishPlan) -> ResumePoint:
+        """The committed prefix, from the checkpoint and the topic's tails."""
+        checkpoint = self.checkpoint()
+        tails = last_records(self._settings, plan.topic, plan.partitions)
+        from_topic = max((seq + 1 for _, seq in tails.values()), default=0)
+        if checkpoint is not None and checkpoint.total != plan.total:
+            raise ResumeMismatch(
+                f"run {plan.run}: the committed checkpoint says {checkpoint.total:,} prompts in "
+                f"all, these inputs give {plan.total:,}; the publish order changed (a different "
+                f"tokenmill version?), so resuming would duplicate prompts. Use a new run id.")
+        committed = checkpoint.next_seq if checkpoint is not None else 0
+        if committed != from_topic:
+            raise ResumeMismatch(
+                f"run {plan.run}: the checkpoint says {committed:,} prompts are published but "
+                f"{plan.topic} ends at seq {from_topic:,}; refusing to guess. Use a new run id.")
+        expected = {p: s for p, s in _last_seqs(from_topic, plan.partitions).items()}
+        found = {p: seq for p, (_, seq) in tails.items()}
+        if found != expected:
+            raise ResumeMismatch(
+                f"run {plan.run}: the last prompt of each partition of {plan.topic} does not "
+                f"follow this run's publish order (found seqs {found}, expected {expected}).")
+        if checkpoint is not None and tuple(checkpoint.per_partition) != tuple(
+                partition_sizes(from_topic, plan.partitions)):
+            raise ResumeMismatch(
+                f"run {plan.run}: the checkpoint's per-partition counts "
+                f"{list(checkpoint.per_partition)} do not match round-robin publishing.")
+        done = bool(checkpoint and checkpoint.done)
+        return ResumePoint(from_topic, done, checkpoint, dict(tails))
+
+    def publish(self, plan: PublishPlan, resume: ResumePoint,
+                progress: Callable[[int], None] | None = None) -> int:
+        """Publish seq >= resume.next_seq; returns how many were published."""
+        assert self._producer is not None, "fence() first"
+        if resume.next_seq >= plan.total:
+            return 0
+        readers = _open_readers(plan)
+        try:
+            order = publish_order(plan.bucket_counts, plan.partitions)
+            _skip(order, readers, resume)
+            return self._publish_from(plan, resume.next_seq, order, readers, progress)
+        finally:
+            for reader in readers.values():
+                reader.close()
+
+    def _publish_from(self, plan: PublishPlan, seq: int, order: Iterator[tuple[int, int]],
+                      readers: dict[int, SpoolReader],
+                      progress: Callable[[int], None] | None) -> int:
+        producer = self._producer
+        assert producer is not None
+        produce = producer.produce
+        topic = plan.topic
+        total = plan.total
+        per_partition = partition_sizes(seq, plan.partitions)
+        key = producer_key(plan.run).encode()
+        start = seq
+        transactions = 0
+        while seq < total:
+            producer.begin_transaction()
+            deadline = time.monotonic() + plan.max_seconds
+            count = size = 0
+            while seq < total:
+                partition, bucket = next(order)
+                prompt_key, payload = readers[bucket].next()
+                value = finish(payload, seq)
+                try:
+                    produce(topic, value, prompt_key, partition)
+                except BufferError:
+                    _produce_when_room(producer, topic, value, prompt_key, partition)
+                per_partition[partition] += 1
+                seq += 1
+                count += 1
+                size += len(value)
+                if count >= plan.max_records or size >= plan.max_bytes:
+                    break
+                if not count & 255 and time.monotonic() > deadline:
+                    break
+            checkpoint = ProducerCheckpoint(
+                run=plan.run, next_seq=seq, total=total, done=seq == total,
+                per_partition=tuple(per_partition), updated_at=time.time())
+            producer.produce(topics.PROGRESS_TOPIC, msgspec.json.encode(checkpoint), key)
+            if self._kill_after is not None and transactions >= self._kill_after:
+                producer.flush(30)  # the records reach the broker, uncommitted
+                log.warning("fault injection: exiting mid-transaction", seq=seq)
+                os._exit(137)
+            self._commit(plan, seq)
+            transactions += 1
+            if progress is not None:
+                progress(seq)
+        log.info("published", run=plan.run, prompts=seq - start, transactions=transactions)
+        return seq - start
+
+    def _commit(self, plan: PublishPlan, seq: int) -> None:
+        assert self._producer is not None
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                self._producer.commit_transaction(TXN_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.retriable() and attempt + 1 < COMMIT_ATTEMPTS:
+                    log.warning("commit retry", error=str(error))
+                    continue
+                if error.txn_requires_abort():
+                    self._producer.abort_transaction(TXN_TIMEOUT_S)
+                raise ProducerError(
+                    f"run {plan.run}: committing prompts up to seq {seq:,} failed ({error}); "
+                    "nothing of that transaction is visible. Run the same command again: "
+                    "it resumes after the last committed transaction.") from None
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+
+
+def _produce_when_room(producer: Producer, topic: str, value: bytes, key: bytes,
+                       partition: int) -> None:
+    """The local queue is full: let librdkafka send, then try again."""
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(topic, value, key, partition)
+            return
+        except BufferError:
+            continue
+
+
+def _open_readers(plan: PublishPlan) -> dict[int, SpoolReader]:
+    return {b: SpoolReader(bucket_path(plan.spool_dir, b))
+            for b, count in enumerate(plan.bucket_counts) if count}
+
+
+def _skip(order: Iterator[tuple[int, int]], readers: dict[int, SpoolReader],
+          resume: ResumePoint) -> None:
+    """Advance past the committed prefix, checking each partition's last
+    committed record is the one this order puts there."""
+    wanted = {seq: (p, pid) for p, (pid, seq) in resume.tails.items()}
+    for seq in range(resume.next_seq):
+        _, bucket = next(order)
+        if seq in wanted:
+            key, _ = readers[bucket].next()
+            partition, pid = wanted[seq]
+            if key.decode() != pid:
+                raise ResumeMismatch(
+                    f"the committed prompt at seq {seq} (partition {partition}) has id {pid}, "
+                    f"but this run's publish order puts {key.decode()} there: the inputs or "
+                    "their normalization changed. Use a new run id.")
+        else:
+            readers[bucket].skip()
+
+
+def _last_seqs(next_seq: int, partitions: int) -> dict[int, int]:
+    """Under round-robin, the last committed seq of each non-empty partition."""
+    out: dict[int, int] = {}
+    for p in range(partitions):
+        if next_seq > p:
+            out[p] = p + ((next_seq - 1 - p) // partitions) * partitions
+    return out
+
+
+def last_records(settings: Settings, topic: str, partitions: int,
+                 timeout_s: float = 60.0) -> dict[int, tuple[str, int]]:
+    """(id, seq) of the last committed prompt of each non-empty partition.
+
+    Reads `read_committed` backwards in growing windows from the end: aborted
+    records and transaction markers sit between committed ones, so the last
+    record is not at a known offset."""
+    consumer = kafka_clients.consumer(settings, f"{topic}.tail-reader")
+    found: dict[int, tuple[str, int]] = {}
+    try:
+        ends: dict[int, tuple[int, int]] = {}
+        for p in range(partitions):
+            low, high = _watermarks(consumer, TopicPartition(topic, p), settings.connect_timeout_s)
+            if high > low:
+                ends[p] = (low, high)
+        window = 64
+        pending = dict(ends)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            starts = {p: max(low, high - window) for p, (low, high) in pending.items()}
+            consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+            last: dict[int, bytes] = {}
+            while True:
+                for message in consumer.consume(num_messages=1000, timeout=0.2):
+                    if message.error():
+                        raise RuntimeError(f"reading {topic}: {message.error()}")
+                    last[message.partition()] = message.value()
+                positions = consumer.position([TopicPartition(topic, p) for p in pending])
+                if all(tp.offset >= pending[tp.partition][1] for tp in positions):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"could not read the end of {topic}")
+            for p in list(pending):
+                if p in last:
+                    tail = _tail_decoder.decode(last[p])
+                    found[p] = (tail.id, tail.seq)
+                    del pending[p]
+                elif starts[p] <= pending[p][0]:
+                    del pending[p]  # nothing committed in the whole partition
+            window *= 8
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return found
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """A just-created topic may not have its leaders yet: retry briefly."""
+    deadline = time.monotonic() + max(timeout_s, 10.0)
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+            return int(low), int(high)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
