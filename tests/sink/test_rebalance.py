@@ -1,0 +1,116 @@
+"""Two sink instances on one run: one is killed, or frozen past its session
+(a zombie that wakes up after its partitions moved), mid-run. Every record
+ends up exactly once in S3 ∪ DLQ."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.sink.sink_helpers import (
+    assert_exactly_once,
+    create_run,
+    feed,
+    make_spec,
+    publish_done,
+    start_sink,
+    variant,
+    wait,
+    wait_for,
+)
+from tests.sink.test_crash import _log_events
+from tokenmill.progress import read_run_progress
+
+pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(150)]
+
+ARGS = ("--batch-size", "15", "--max-batch-age", "1", "--session-timeout", "6",
+        "--create-bucket", "--until-done")
+
+
+def _records(spec, n):
+    kinds = ["good"] * 6 + ["trivial", "failed"]
+    return [variant(spec, i, kinds[i % len(kinds)]) for i in range(n)]
+
+
+def _ownership(log_path) -> list[set[int]]:
+    """What the instance owned after each assignment change, in order."""
+    return [set(e["owned"]) for e in _log_events(log_path)
+            if e.get("event", "").startswith("partitions ")]
+
+
+def _owned(log_path) -> set[int]:
+    history = _ownership(log_path)
+    return history[-1] if history else set()
+
+
+def _committed_by(settings, run_id, instance) -> bool:
+    mine = read_run_progress(settings, run_id).sinks.get(instance)
+    return bool(mine and mine.s3_records + mine.dlq_records)
+
+
+def _start_pair(settings, run_id, tmp_path):
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+    procs = {name: start_sink(settings, run_id, *ARGS, "--instance", name, log_path=logs[name])
+             for name in ("a", "b")}
+    wait_for(lambda: _owned(logs["a"]) and _owned(logs["b"])
+             and len(_owned(logs["a"]) | _owned(logs["b"])) == 4, 60, "both instances assigned")
+    return procs, logs
+
+
+def _feed_later(settings, spec, records):
+    def run() -> None:
+        for start in range(0, len(records), 40):
+            feed(settings, spec, records[start:start + 40], per_transaction=10,
+                 with_aborted=False)
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_one_instance_killed_mid_run(settings, run_id, tmp_path) -> None:
+    spec = make_spec(run_id, partitions=4)
+    create_run(settings, spec)
+    records = _records(spec, 480)
+    feed(settings, spec, records[:240])
+    procs, logs = _start_pair(settings, run_id, tmp_path)
+    wait_for(lambda: _committed_by(settings, run_id, "a"), 60, "a's first commits")
+    feeder = _feed_later(settings, spec, records[240:])
+    time.sleep(0.5)
+    procs["a"].send_signal(signal.SIGKILL)
+    assert procs["a"].wait(10) == -signal.SIGKILL
+    feeder.join(60)
+    publish_done(settings, run_id, len(records))
+
+    assert wait(procs["b"], 90, logs["b"]) == 0, logs["b"].read_text()[-3000:]
+    assert {0, 1, 2, 3} in _ownership(logs["b"])  # took over the killed instance's partitions
+    assert_exactly_once(settings, run_id, {r.id for r in records})
+    assert read_run_progress(settings, run_id).persisted == len(records)
+
+
+def test_a_frozen_instance_wakes_up_after_its_partitions_moved(settings, run_id,
+                                                                tmp_path) -> None:
+    spec = make_spec(run_id, partitions=4)
+    create_run(settings, spec)
+    records = _records(spec, 480)
+    feed(settings, spec, records[:240])
+    procs, logs = _start_pair(settings, run_id, tmp_path)
+    wait_for(lambda: _committed_by(settings, run_id, "a"), 60, "a's first commits")
+    procs["a"].send_signal(signal.SIGSTOP)  # frozen mid-run, past its session timeout
+    try:
+        feeder = _feed_later(settings, spec, records[240:])
+        wait_for(lambda: _owned(logs["b"]) == {0, 1, 2, 3}, 60, "b owns every partition")
+        feeder.join(60)
+        time.sleep(1.0)
+    finally:
+        procs["a"].send_signal(signal.SIGCONT)
+    publish_done(settings, run_id, len(records))
+
+    assert wait(procs["b"], 90, logs["b"]) == 0, logs["b"].read_text()[-3000:]
+    assert wait(procs["a"], 90, logs["a"]) == 0, logs["a"].read_text()[-3000:]
+    assert_exactly_once(settings, run_id, {r.id for r in records})
+    assert read_run_progress(settings, run_id).persisted == len(records)
