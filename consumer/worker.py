@@ -50,6 +50,10 @@ log = get_logger("tokenmill.consumer")
 
 _prompt_decoder = msgspec.json.Decoder(PromptRecord)
 
+# A buffer full for this long means the server is the bottleneck: pause the
+# partitions and keep polling (max.poll.interval.ms stays at its default).
+PAUSE_AFTER_FULL_S = 10.0
+
 
 class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     instance: str
@@ -104,6 +108,7 @@ class Worker:
         self.exit_code = 0
         self.fatal: BaseException | None = None
         self.paused = False
+        self._full_since: float | None = None
         self.wasted: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._last_commit = time.monotonic()
@@ -192,13 +197,23 @@ class Worker:
         return sum(len(s.queue) for s in self.states.values())
 
     def _want_pause(self) -> bool:
+        """Pause fetching while the server is down, while draining, and when
+        the local buffer has stayed full for a while (a slow GPU): paused
+        partitions let us keep polling, and so keep our group membership,
+        without fetching more. Short bursts of a full buffer do not pause:
+        resuming costs a fetch round trip and would starve a fast server."""
         gate_open = self._gate.is_open if self._gate else True
         if self.stopping or not gate_open:
             return True
         buffered = self._buffered()
+        now = time.monotonic()
+        if buffered < self.limit:
+            self._full_since = None
+        elif self._full_since is None:
+            self._full_since = now
         if self.paused:
             return buffered > self.limit // 2
-        return buffered >= self.limit
+        return self._full_since is not None and now - self._full_since >= PAUSE_AFTER_FULL_S
 
     def _apply_pause(self) -> None:
         assert self._consumer is not None
@@ -214,8 +229,13 @@ class Worker:
 
     def _poll(self) -> None:
         assert self._consumer is not None
-        room = max(1, self.limit - self._buffered()) if not self.paused else 1
-        messages = self._consumer.consume(num_messages=min(room, 1000), timeout=0)
+        room = self.limit - self._buffered()
+        if room <= 0 and not self.paused:
+            # Leave the records in librdkafka's queue for now. Not calling
+            # consume() is safe: _want_pause pauses the partitions long before
+            # max.poll.interval.ms, and paused partitions are polled again.
+            return
+        messages = self._consumer.consume(num_messages=max(1, min(room, 1000)), timeout=0)
         for message in messages:
             error = message.error()
             if error is not None:
