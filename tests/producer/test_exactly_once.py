@@ -1,0 +1,97 @@
+"""Exactly-once publishing across crashes, checked with kafka-python reading
+`read_committed`: kill the producer mid-transaction (injected, and a real
+kill -9 of `tokenmill produce`), run the same command again, and every
+accepted prompt is in the topic exactly once."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from producer.publisher import FAULT_KILL_AFTER_TXNS
+from producer.synthetic import records, write_jsonl
+from tests.producer.helpers import (
+    REPO,
+    assert_exactly_once,
+    checkpoint,
+    cli_args,
+    cli_env,
+    prompts,
+    run_cli,
+)
+from tokenmill import topics
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+
+def _dataset(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "mixed.jsonl"
+    write_jsonl(path, records(n, seed=7, words=20))
+    return path
+
+
+def test_injected_crash_mid_transaction_then_rerun(settings, run_id, tmp_path: Path) -> None:
+    path = _dataset(tmp_path, 3000)
+    env = cli_env(settings, **{FAULT_KILL_AFTER_TXNS: "2"})
+    crashed = run_cli(settings, run_id, [path], "--transaction-records", "500", env=env)
+    assert crashed.returncode == 137, crashed.stderr
+    # Two transactions committed; the third reached the broker but never committed.
+    assert len(prompts(settings, run_id)) == 1000
+    assert len(prompts(settings, run_id, committed_only=False)) == 1500
+    cp = checkpoint(settings, run_id)
+    assert cp is not None and cp["next_seq"] == 1000 and cp["done"] is False
+
+    resumed = run_cli(settings, run_id, [path], "--transaction-records", "500")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run" in resumed.stdout and "1,000 of 3,000" in resumed.stdout
+    assert "published 2,000 prompts" in resumed.stdout
+    assert_exactly_once(settings, run_id, 3000)
+
+    again = run_cli(settings, run_id, [path], "--transaction-records", "500")
+    assert again.returncode == 0
+    assert "nothing to publish (0 published)" in again.stdout
+    assert len(prompts(settings, run_id)) == 3000
+
+
+def _published_so_far(bootstrap: str, topic: str) -> int:
+    """Records on the broker (committed or not): the high watermarks."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        found = consumer.partitions_for_topic(topic)
+        if not found:
+            return 0
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in found])
+        return sum(ends.values())
+    finally:
+        consumer.close()
+
+
+def test_kill_9_while_publishing_then_rerun(settings, run_id, tmp_path: Path) -> None:
+    total = 12_000
+    path = _dataset(tmp_path, total)
+    proc = subprocess.Popen(cli_args(run_id, [path], "--transaction-records", "200"),
+                            env=cli_env(settings), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    topic = topics.prompts_topic(run_id)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _published_so_far(settings.bootstrap_servers, topic) >= 1000:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    committed = len(prompts(settings, run_id))
+    assert 0 < committed < total, "the kill must land mid-publish"
+
+    resumed = run_cli(settings, run_id, [path], "--transaction-records", "200")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{committed:,} of {total:,} prompts already committed" in resumed.stdout
+    assert_exactly_once(settings, run_id, total)
