@@ -380,7 +380,10 @@ class Worker:
             return 0
         all_records = [r for _, records, _ in batch for r in records]
         retries = sum(state.retries for state, _, _ in batch)
-        new_progress = counters.add_records(self._progress, all_records, retries)
+        new_progress = msgspec.structs.replace(
+            counters.add_records(self._progress, all_records, retries),
+            concurrency_limit=self.limit, in_flight=self.in_flight,
+            started_at=self._progress.started_at or time.time())
         producer = self._producer
         started = time.monotonic()
         producer.begin_transaction()

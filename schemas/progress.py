@@ -22,6 +22,12 @@ class ProducerCheckpoint(msgspec.Struct, frozen=True, tag="producer", tag_field=
     done: bool = False
     per_partition: tuple[int, ...] = ()  # committed prompts per partition
     updated_at: float = 0.0
+    # What the run is made of (whole plan, not just the committed part), so
+    # `tokenmill status` can answer "are we using the whole dataset?".
+    by_category: dict[str, int] = {}
+    by_source: dict[str, int] = {}
+    rejected: int = 0
+    duplicates: int = 0
     v: int = 1
 
 
@@ -42,6 +48,9 @@ class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="k
     spec_tokens: int = 0
     latency_s_total: float = 0.0
     retries: int = 0
+    # Snapshot at commit time: the answer to "what batch size are we running?"
+    concurrency_limit: int = 0
+    in_flight: int = 0
     started_at: float = 0.0
     updated_at: float = 0.0
     v: int = 1
