@@ -1,0 +1,221 @@
+"""`tokenmill status --run RUN`: one command for every question the seed
+run's operator kept asking - where are we vs the estimate, is speculative
+decoding on (accept length), what concurrency runs per GPU, are we writing
+to S3, are we using the whole dataset, are tool and multi-turn prompts being
+generated, how many answers are truncated or empty, did we lose anything.
+
+Everything comes from committed state (the run spec and the exact counters
+in `tokenmill.progress`), so the numbers are the ones that will land.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import click
+import msgspec
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from schemas import RunSpec
+from tokenmill.commandline import service_command
+from tokenmill.progress import RunProgress, read_run_progress
+from tokenmill.registry import RunRegistry
+from tokenmill.settings import Settings
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def summarize(spec: RunSpec, state: RunProgress, now: float | None = None) -> dict[str, Any]:
+    """The numbers behind the report (pure: easy to test, and `--json`)."""
+    now = time.time() if now is None else now
+    consumers = list(state.consumers.values())
+    starts = [c.started_at for c in consumers if c.started_at]
+    last = max((c.updated_at for c in consumers), default=0.0)
+    elapsed = (last - min(starts)) if starts and last else 0.0
+    generated = state.generated
+    completions = int(state.consumer_total("completions"))
+    completion_tokens = int(state.consumer_total("completion_tokens"))
+    req_rate = generated / elapsed if elapsed > 0 else 0.0
+    tok_rate = completion_tokens / elapsed if elapsed > 0 else 0.0
+    total = state.producer.total if state.producer else 0
+    remaining = max(0, total - generated)
+    spec_tokens = int(state.consumer_total("spec_tokens"))
+    accept = (state.consumer_total("spec_accept_weighted") / spec_tokens) if spec_tokens else None
+    finish = state.consumer_counter("finish_reasons")
+    estimate = spec.estimate
+    est_rps = estimate.requests_per_s if estimate else None
+    est_tokens = estimate.output_tokens if estimate else None
+    per_instance = []
+    for c in sorted(consumers, key=lambda c: c.instance):
+        span = c.updated_at - c.started_at if c.started_at else 0.0
+        accept_i = c.spec_accept_weighted / c.spec_tokens if c.spec_tokens else None
+        per_instance.append({
+            "instance": c.instance, "completions": c.completions, "failures": c.failures,
+            "tokens_per_s": c.completion_tokens / span if span > 0 else 0.0,
+            "accept_length": accept_i, "concurrency_limit": c.concurrency_limit,
+            "in_flight": c.in_flight, "last_commit_age_s": now - c.updated_at,
+        })
+    producer = state.producer
+    return {
+        "run": spec.run_id,
+        "settings_hash": spec.settings_hash,
+        "published": state.published,
+        "total": total,
+        "publishing_done": state.publishing_done,
+        "generated": generated,
+        "completions": completions,
+        "failures": int(state.consumer_total("failures")),
+        "failures_by_kind": dict(state.consumer_counter("failures_by_kind")),
+        "persisted": state.persisted,
+        "s3_records": sum(s.s3_records for s in state.sinks.values()),
+        "s3_objects": sum(s.s3_objects for s in state.sinks.values()),
+        "s3_bytes": sum(s.s3_bytes for s in state.sinks.values()),
+        "last_object": max((s.last_object for s in state.sinks.values()), default=""),
+        "dlq_records": sum(s.dlq_records for s in state.sinks.values()),
+        "dlq_by_reason": dict(state.sink_counter("dlq_by_reason")),
+        "elapsed_s": elapsed,
+        "requests_per_s": req_rate,
+        "tokens_per_s": tok_rate,
+        "eta_s": remaining / req_rate if req_rate > 0 else None,
+        "estimate_requests_per_s": est_rps,
+        "estimate_output_tokens": est_tokens,
+        "mean_output_tokens": completion_tokens / completions if completions else None,
+        "reasoning_share": (state.consumer_total("reasoning_tokens") / completion_tokens
+                            if completion_tokens else None),
+        "accept_length": accept,
+        "finish_reasons": dict(finish),
+        "generated_by_category": dict(state.consumer_counter("by_category")),
+        "planned_by_category": dict(producer.by_category) if producer else {},
+        "planned_by_source": dict(producer.by_source) if producer else {},
+        "rejected": producer.rejected if producer else 0,
+        "duplicates": producer.duplicates if producer else 0,
+        "instances": per_instance,
+        "generation_done": state.generation_done,
+        "sink_done": state.sink_done,
+    }
+
+
+def render(spec: RunSpec, s: dict[str, Any]) -> Group:
+    g = spec.generation
+    header = (f"[bold]{spec.run_id}[/]  model {g.model}  max_tokens {g.max_tokens}  "
+              f"thinking {'on' if g.enable_thinking else 'off'}  temperature {g.temperature}  "
+              f"multi-turn {spec.multi_turn}  tools {g.tools}  partitions {spec.partitions}  "
+              f"settings {s['settings_hash']}")
+
+    stages = Table(title="progress", expand=True)
+    for column in ("stage", "done", "of", "%", "note"):
+        stages.add_column(column, justify="right" if column in ("done", "of", "%") else "left")
+    total = s["total"]
+    stages.add_row("published", f"{s['published']:,}", f"{total:,}", _pct(s["published"], total),
+                   "complete" if s["publishing_done"] else "publishing")
+    stages.add_row("generated", f"{s['generated']:,}", f"{s['published']:,}",
+                   _pct(s["generated"], total),
+                   f"{s['completions']:,} completions, {s['failures']:,} failures")
+    stages.add_row("persisted", f"{s['persisted']:,}", f"{s['generated']:,}",
+                   _pct(s["persisted"], total),
+                   f"{s['s3_records']:,} in S3, {s['dlq_records']:,} in DLQ")
+
+    speed = Table(title="speed vs estimate", expand=True)
+    for column in ("", "now", "estimate", "ratio"):
+        speed.add_column(column)
+    est_rps = s["estimate_requests_per_s"]
+    speed.add_row("requests/s", f"{s['requests_per_s']:.2f}",
+                  f"{est_rps:.2f}" if est_rps else "-",
+                  f"{s['requests_per_s'] / est_rps:.2f}x" if est_rps else "-")
+    est_tok = s["estimate_output_tokens"]
+    mean_tok = s["mean_output_tokens"]
+    speed.add_row("tokens/completion", f"{mean_tok:,.0f}" if mean_tok else "-",
+                  f"{est_tok:,.0f}" if est_tok else "-",
+                  f"{mean_tok / est_tok:.2f}x" if mean_tok and est_tok else "-")
+    speed.add_row("output tokens/s", f"{s['tokens_per_s']:,.0f}", "-", "-")
+    eta_estimate = (total - s["generated"]) / est_rps if est_rps else None
+    speed.add_row("ETA", _duration(s["eta_s"]), _duration(eta_estimate), "")
+    speed.add_row("elapsed", _duration(s["elapsed_s"]), "", "")
+
+    quality = Table(title="quality", expand=True)
+    quality.add_column("what")
+    quality.add_column("count", justify="right")
+    quality.add_column("share", justify="right")
+    for reason, count in sorted(s["finish_reasons"].items()):
+        quality.add_row(f"finish {reason}", f"{count:,}", _pct(count, s["completions"]))
+    for kind, count in sorted(s["failures_by_kind"].items()):
+        quality.add_row(f"failed: {kind}", f"{count:,}", _pct(count, s["generated"]))
+    for reason, count in sorted(s["dlq_by_reason"].items()):
+        quality.add_row(f"DLQ: {reason}", f"{count:,}", _pct(count, s["persisted"]))
+    accept = s["accept_length"]
+    quality.add_row("speculative accept length", f"{accept:.2f}" if accept else "off / not reported",
+                    "")
+    share = s["reasoning_share"]
+    quality.add_row("reasoning share of output", "", f"{100 * share:.0f}%" if share else "-")
+
+    coverage = Table(title="coverage by category", expand=True)
+    for column in ("category", "planned", "generated", "%"):
+        coverage.add_column(column, justify="left" if column == "category" else "right")
+    planned: Counter[str] = Counter(s["planned_by_category"])
+    generated: Counter[str] = Counter(s["generated_by_category"])
+    for category in sorted(set(planned) | set(generated)):
+        coverage.add_row(category, f"{planned[category]:,}" if planned else "?",
+                         f"{generated[category]:,}", _pct(generated[category], planned[category]))
+    coverage.caption = (f"rejected {s['rejected']:,}, duplicates skipped {s['duplicates']:,}; "
+                        f"sources: {', '.join(f'{k} {v:,}' for k, v in sorted(s['planned_by_source'].items())) or '?'}")
+
+    workers = Table(title="workers (one per GPU)", expand=True)
+    for column in ("instance", "completions", "failures", "tok/s", "accept", "limit", "in flight",
+                   "last commit"):
+        workers.add_column(column, justify="left" if column == "instance" else "right")
+    for w in s["instances"]:
+        workers.add_row(w["instance"], f"{w['completions']:,}", f"{w['failures']:,}",
+                        f"{w['tokens_per_s']:,.0f}",
+                        f"{w['accept_length']:.2f}" if w["accept_length"] else "-",
+                        str(w["concurrency_limit"] or "-"), str(w["in_flight"]),
+                        f"{w['last_commit_age_s']:.0f}s ago")
+
+    s3 = spec.s3
+    where = f"s3://{s3.bucket}/{s3.prefix}" if s3 else "(bucket from the sink's settings)"
+    sink_line = (f"S3: {s['s3_objects']:,} objects, {s['s3_bytes'] / 1e6:,.1f} MB at {where}; "
+                 f"last object {s['last_object'] or '-'}")
+    verdict = "[green]complete: every published prompt is persisted[/]" if s["sink_done"] else (
+        "[yellow]in progress[/]")
+    return Group(Panel(header), stages, speed, quality, coverage, workers, sink_line, verdict)
+
+
+@click.command()
+@click.option("--run", "run_id", required=True, help="Run id.")
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+@click.option("--watch", type=float, default=0.0, help="Refresh every N seconds (0: once).")
+@service_command
+def status(settings: Settings, run_id: str, as_json: bool, watch: float) -> None:
+    """Where a run stands: progress vs estimate, speed per GPU, accept length,
+    truncation and failures, coverage by category, S3 and DLQ.
+
+    \b
+    Example:
+      tokenmill status --run my-run
+      tokenmill status --run my-run --watch 30
+    """
+    spec = RunRegistry(settings).get(run_id)
+    console = Console()
+    while True:
+        summary = summarize(spec, read_run_progress(settings, run_id))
+        if as_json:
+            click.echo(msgspec.json.encode(summary).decode())
+        else:
+            console.print(render(spec, summary))
+        if watch <= 0:
+            return
+        time.sleep(watch)
