@@ -96,6 +96,10 @@ class Batch:
         return self.line_bytes + self.dlq_bytes
 
     @property
+    def line_count(self) -> int:
+        return len(self.lines)
+
+    @property
     def pinned_to(self) -> int | None:
         if not self.existing:
             return None
@@ -264,6 +268,10 @@ class PartitionBatcher:
         self._resume_at = oldest.first_offset
         self._last_offset = oldest.first_offset - 1
         return oldest.first_offset
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(b.bytes for b in self.sealed) + (self.current.bytes if self.current else 0)
 
     @property
     def pending_records(self) -> int:

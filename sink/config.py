@@ -35,8 +35,11 @@ class SinkConfig:
     metrics_port: int = 0
     session_timeout_s: float = 30.0
     consume_batch: int = 2000
+    fetch_wait_max_ms: int = 50
     poll_timeout_s: float = 0.5
     upload_concurrency: int = 4
+    # Records held in memory while a round uploads; beyond it, wait for it.
+    max_buffer_bytes: int = 256 * 1024 * 1024
     conditional_writes: bool = True
     done_check_interval_s: float = 2.0
     exit_after_upload: int | None = None

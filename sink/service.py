@@ -1,21 +1,31 @@
 """The sink loop: the thin I/O shell around the pure pieces.
 
-One thread owns the consumer, the S3 uploads of a flush and the transactions
-(confluent-kafka serializes consumer calls across threads anyway). Rebalance
-callbacks run inside `consume()`, so they never run during a flush: a
-partition's upload has finished (and been committed, or its transaction
-aborted) before the partition can be revoked or lost. On revoke and on loss
-the partition's batcher is dropped without uploading or committing; the
-next owner replays from the committed offset, and pinning (sink/batcher.py)
-plus conditional writes keep its first object identical to anything an
-earlier owner uploaded. A dropped batcher is gone, so this instance never
-uploads for that partition again unless it is assigned anew.
+One thread owns the consumer and every transaction call (confluent-kafka
+serializes consumer calls across threads anyway); uploads run in a small
+pool so that decoding goes on while they are in flight.
+
+A *round* is the oldest sealed batch of every partition that has one,
+uploaded in parallel and then committed in ONE transaction (DLQ records,
+counters, offsets). Only one round is in flight at a time, so a partition
+never has a second upload before the first is committed: at most one
+uploaded-but-uncommitted object per partition.
+
+Rebalance callbacks run inside `consume()`, on this thread:
+- revoke: wait for the round in flight and commit it (a cooperative revoke
+  runs while the generation is still ours), then drop the partitions'
+  batchers with their uncommitted batches; the next owner replays them from
+  the committed offset;
+- lost: wait for the round's uploads (they cannot be recalled), commit
+  nothing, drop the batchers.
+So a partition's upload has finished before the partition is released, and
+a dropped batcher is gone: this instance never uploads for that partition
+again unless it is assigned anew. Pinning (sink/batcher.py) and conditional
+writes make a replayed object identical to whatever an earlier owner wrote.
 
 Each loop iteration: consume up to `consume_batch` records -> route each
 into its partition's batcher (probing the key of the first batch after an
-assignment) -> seal batches by age -> flush rounds (upload the oldest sealed
-batch of every partition, in parallel; then one transaction for the round)
--> until-done check.
+assignment or rewind) -> seal batches by age -> commit the round in flight
+if its uploads are done, start the next -> until-done check.
 """
 
 from __future__ import annotations
@@ -24,7 +34,8 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -48,6 +59,18 @@ log = get_logger("tokenmill.sink")
 
 CRASH_EXIT_CODE = 137
 LAG_INTERVAL_S = 5.0
+ROUND_POLL_S = 0.01
+
+
+@dataclass
+class Round:
+    """One flush round in flight: the oldest sealed batch of some partitions,
+    uploading in the pool. Committed together, in one transaction."""
+
+    items: list[tuple[PartitionBatcher, Batch, Future[Uploaded | None]]]
+
+    def done(self) -> bool:
+        return all(future.done() for _, _, future in self.items)
 
 
 class SinkService:
@@ -75,6 +98,8 @@ class SinkService:
         self._consumer: Any = None
         self._committer: Committer | None = None
         self._s3: S3Writer | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._round: Round | None = None
         self.progress = SinkProgress(run=spec.run_id, instance=config.instance)
 
     # -- lifecycle -----------------------------------------------------------
@@ -117,6 +142,9 @@ class SinkService:
                 "session.timeout.ms": int(config.session_timeout_s * 1000),
                 "heartbeat.interval.ms": max(100, int(config.session_timeout_s * 1000 / 10)),
                 "enable.partition.eof": True,
+                # The default 500 ms caps a read_committed backlog at a few
+                # thousand 10 KB records/s; 50 ms costs 20 idle fetches/s.
+                "fetch.wait.max.ms": config.fetch_wait_max_ms,
             })
         self._committer = Committer(
             producer=producer, group_metadata=consumer.consumer_group_metadata,
@@ -129,12 +157,12 @@ class SinkService:
                  dlq_records=self.progress.dlq_records)
         consumer.subscribe([self.topic], on_assign=self._on_assign,
                            on_revoke=self._on_revoke, on_lost=self._on_lost)
-        pool = ThreadPoolExecutor(max_workers=config.upload_concurrency,
-                                  thread_name_prefix="sink-upload")
+        self._pool = ThreadPoolExecutor(max_workers=config.upload_concurrency,
+                                        thread_name_prefix="sink-upload")
         try:
-            self._loop(pool)
+            self._loop()
         finally:
-            pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True)
             consumer.close()
             producer.flush(5)
             if metrics_server is not None:
@@ -143,7 +171,7 @@ class SinkService:
                  s3_objects=self.progress.s3_objects, dlq_records=self.progress.dlq_records)
         return 0
 
-    # -- rebalance callbacks (run inside consume(), never during a flush) -----
+    # -- rebalance callbacks (run inside consume(), on this thread) ------------
 
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -170,34 +198,46 @@ class SinkService:
                  owned=sorted(self.writers))
 
     def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        # The uploads in flight finish and commit first: the group generation
+        # is still ours while a cooperative revoke runs.
+        if self._round is not None:
+            self._finish_round(commit=True, leaving={tp.partition for tp in partitions})
         self._drop(partitions, "revoked")
 
     def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        # Our generation is gone: let uploads in flight finish (they cannot be
+        # recalled), commit nothing, and never touch these partitions again.
+        if self._round is not None:
+            self._finish_round(commit=False, leaving={tp.partition for tp in partitions})
         self._drop(partitions, "lost")
 
     # -- the loop ------------------------------------------------------------
 
-    def _loop(self, pool: ThreadPoolExecutor) -> None:
+    def _loop(self) -> None:
         config = self.config
         next_done_check = 0.0
         next_lag = 0.0
         while not self._stopping:
-            messages = self._consumer.consume(num_messages=config.consume_batch,
-                                              timeout=config.poll_timeout_s)
+            # While uploads are in flight, come back quickly to commit them.
+            timeout = ROUND_POLL_S if self._round is not None else config.poll_timeout_s
+            messages = self._consumer.consume(num_messages=config.consume_batch, timeout=timeout)
             for message in messages:
                 self._handle(message)
             for writer in self.writers.values():
                 writer.tick()
-            self._flush_ready(pool)
+            self._advance(wait=self._buffered_bytes() > config.max_buffer_bytes)
             now = self.clock()
             if now >= next_lag:
                 self._update_lag()
                 next_lag = now + LAG_INTERVAL_S
-            if config.until_done and now >= next_done_check and (
-                    not messages or self._all_at_eof()):
-                if self._check_done(pool):
+            if config.until_done and now >= next_done_check and self._all_at_eof():
+                if self._check_done():
                     return
                 next_done_check = self.clock() + config.done_check_interval_s
+        # Stopping: the uploads in flight finish and commit; open batches are
+        # left for the next owner to replay.
+        if self._round is not None:
+            self._finish_round(commit=True)
 
     def _handle(self, message: Any) -> None:
         error = message.error()
@@ -257,25 +297,46 @@ class SinkService:
 
     # -- flushing ------------------------------------------------------------
 
-    def _flush_ready(self, pool: ThreadPoolExecutor) -> None:
-        """Flush rounds until no partition has a sealed batch: each round
-        uploads at most one batch per partition, then commits them together."""
+    def _buffered_bytes(self) -> int:
+        return sum(w.pending_bytes for w in self.writers.values())
+
+    def _advance(self, *, wait: bool = False) -> None:
+        """Commit the round in flight once its uploads are done (or now, with
+        `wait`), then start the next round if batches are sealed."""
+        if self._round is not None and (wait or self._round.done()):
+            self._finish_round(commit=True)
+        if self._round is None and not self._stopping:
+            self._start_round()
+
+    def _flush_all(self) -> None:
+        """Upload and commit every sealed batch before returning."""
         while True:
-            ready = [(w, b) for w in self.writers.values() if (b := w.ready()) is not None]
-            if not ready:
-                return
-            self._flush(ready, pool)
-            if self._stopping:
+            if self._round is not None:
+                self._finish_round(commit=True)
+            if not self._start_round():
                 return
 
-    def _flush(self, ready: list[tuple[PartitionBatcher, Batch]], pool: ThreadPoolExecutor) -> None:
-        # 1. Upload every batch of the round (in parallel; this thread waits,
-        #    so no rebalance callback can run meanwhile).
-        futures = [(w, b, pool.submit(self._upload, b)) for w, b in ready]
+    def _start_round(self) -> bool:
+        """Start uploading the oldest sealed batch of every partition that has
+        one (at most one per partition: the previous one is committed)."""
+        ready = [(w, b) for w in self.writers.values() if (b := w.ready()) is not None]
+        if not ready:
+            return False
+        assert self._pool is not None
+        self._round = Round([(w, b, self._pool.submit(self._upload, b)) for w, b in ready])
+        return True
+
+    def _finish_round(self, *, commit: bool, leaving: set[int] | None = None) -> None:
+        """Wait for the round's uploads, then commit them in one transaction
+        (or, with `commit` False, forget them). `leaving`: partitions being
+        revoked or lost, dropped right after, so never rewound."""
+        current, self._round = self._round, None
+        assert current is not None
+        leaving = leaving or set()
         done: list[tuple[PartitionBatcher, Batch, Uploaded | None]] = []
         conflicted: list[PartitionBatcher] = []
         failure: BaseException | None = None
-        for writer, batch, future in futures:
+        for writer, batch, future in current.items:
             try:
                 done.append((writer, batch, future.result()))
             except ObjectConflict as exc:
@@ -289,18 +350,23 @@ class SinkService:
             raise failure
         self._fault_point(sum(1 for _, _, u in done if u is not None))
         for writer in conflicted:
-            self._rewind(writer)
+            self._rewind(writer, leaving)
         if not done:
             return
-        # 2. One transaction: DLQ records, counters, offsets.
+        if not commit:
+            for writer, _, _ in done:
+                self._rewind(writer, leaving)
+            return
+        # One transaction: DLQ records, counters, offsets.
         uploaded = [u for _, _, u in done if u is not None]
         batches = [b for _, b, _ in done]
         by_reason = counters.merge_reasons(b.dlq_by_reason() for b in batches)
-        s3_records = sum(len(b.lines) for b in batches)
+        s3_records = sum(b.line_count for b in batches)
+        s3_bytes = sum(u.size for u in uploaded)
         updated = counters.plus(
-            self.progress, s3_records=s3_records, s3_objects=len(uploaded),
-            s3_bytes=sum(u.size for u in uploaded), dlq_by_reason=by_reason,
-            last_object=uploaded[-1].key if uploaded else "", now=time.time())
+            self.progress, s3_records=s3_records, s3_objects=len(uploaded), s3_bytes=s3_bytes,
+            dlq_by_reason=by_reason, last_object=uploaded[-1].key if uploaded else "",
+            now=time.time())
         assert self._committer is not None
         started = time.perf_counter()
         try:
@@ -308,24 +374,23 @@ class SinkService:
         except CommitAborted:
             self.metrics.aborts.inc()
             for writer, _, _ in done:
-                if self.writers.get(writer.partition) is writer:
-                    self._rewind(writer)
+                self._rewind(writer, leaving)
             return
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
-        # 3. Committed: forget the batches, count them.
+        # Committed: forget the batches, count them.
         self.progress = updated
         for writer, batch, _ in done:
             writer.committed(batch)
             self.metrics.flushes.labels(batch.sealed_by or "unknown").inc()
         self.metrics.s3_records.inc(s3_records)
         self.metrics.objects.inc(len(uploaded))
-        self.metrics.bytes.inc(sum(u.size for u in uploaded))
+        self.metrics.bytes.inc(s3_bytes)
         for reason, count in by_reason.items():
             self.metrics.dlq_records.labels(reason).inc(count)
         for _, batch, up in done:
             log.info("batch committed", partition=batch.partition,
                      first_offset=batch.first_offset, last_offset=batch.last_offset,
-                     trigger=batch.sealed_by, s3_records=len(batch.lines),
+                     trigger=batch.sealed_by, s3_records=batch.line_count,
                      dlq_records=len(batch.dead_letters), key=up.key if up else None,
                      bytes=up.size if up else 0)
 
@@ -336,7 +401,7 @@ class SinkService:
         key = object_keys.object_key(config.prefix, config.run, batch.partition,
                                      batch.first_offset, config.compression)
         same = next((o for o in batch.existing if o.key == key), None)
-        if batch.lines:
+        if batch.line_count:
             data = objects.body(batch.lines, config.compression)
             started = time.perf_counter()
             uploaded = self._s3.upload(
@@ -365,9 +430,9 @@ class SinkService:
                         uploads=self._uploads)
             os._exit(CRASH_EXIT_CODE)
 
-    def _rewind(self, writer: PartitionBatcher) -> None:
+    def _rewind(self, writer: PartitionBatcher, leaving: set[int]) -> None:
         offset = writer.rewind()
-        if offset is not None:
+        if offset is not None and writer.partition not in leaving:
             self._consumer.seek(TopicPartition(self.topic, writer.partition, offset))
             log.info("partition rewound to its last committed batch", partition=writer.partition,
                      offset=offset)
@@ -377,7 +442,7 @@ class SinkService:
     def _all_at_eof(self) -> bool:
         return all(p in self._at_eof for p in self.writers)
 
-    def _check_done(self, pool: ThreadPoolExecutor) -> bool:
+    def _check_done(self) -> bool:
         """True when every prompt of the run is persisted (by all instances).
         When nothing more can arrive, seal the open batches now instead of
         waiting for their age."""
@@ -392,7 +457,7 @@ class SinkService:
             drained = [w.partition for w in self.writers.values() if w.drain()]
             if drained:
                 log.info("nothing more to come: flushing open batches", partitions=drained)
-                self._flush_ready(pool)
+                self._flush_all()
         return False
 
     def _update_lag(self) -> None:

@@ -45,7 +45,7 @@ def test_samples_objects_keys_and_counters(settings, run_id) -> None:
     service = run_sink_in_process(settings, spec, batch_size=8)
 
     by_id = {r.id: r for r in records}
-    in_s3, in_dlq = assert_exactly_once(settings, run_id, set(by_id))
+    _, in_dlq = assert_exactly_once(settings, run_id, set(by_id))
     assert len(in_dlq) == 10
     completions = {(r.partition, r.offset): r for r in
                    read_all(settings.bootstrap_servers, topics.completions_topic(run_id))}
