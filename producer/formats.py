@@ -14,8 +14,7 @@ with its JSON path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -54,25 +53,54 @@ class RawMessage(msgspec.Struct):
     function_call: RawFunction | None = None
 
 
-class RawRecord(msgspec.Struct):
-    """Every field any supported format uses; the rest of a record is ignored."""
-
+class _RawFields(msgspec.Struct):
     messages: list[RawMessage] | None = None
     conversations: list[RawMessage] | None = None
-    tools: list[Any] | str | None = None
-    functions: list[Any] | None = None
     system: str | None = None
     instruction: str | None = None
     input: str | None = None
     prompt: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Normalized:
+class RawRecord(_RawFields):
+    """Every field any supported format uses; the rest of a record is ignored.
+
+    Tool specs stay raw JSON bytes: datasets repeat the same few tool sets, so
+    they are parsed once per distinct text (producer/tools.py), not per record."""
+
+    tools: msgspec.Raw = msgspec.Raw()
+    functions: msgspec.Raw = msgspec.Raw()
+
+
+class RawRow(_RawFields):
+    """The same for a Parquet row, already Python objects."""
+
+    tools: list[Any] | str | None = None
+    functions: list[Any] | None = None
+
+
+class Normalized(NamedTuple):
+    """One record's conversation, with the facts the multi-turn policy and the
+    category need gathered during the single conversion pass."""
+
     messages: tuple[Message, ...]
     tools: tuple[Tool, ...] | None  # structured tools for the request
     format: str
-    tool_text: bool  # tool specs left as text in the system prompt
+    tool_text: bool  # tool specs left as text in a system prompt
+    users: tuple[int, ...]  # positions of the user turns
+    first_tool: int  # position of the first tool call or tool result (len: none)
+    first_system: int  # position of the first system message (len: none)
+
+
+def from_messages(messages: tuple[Message, ...], tools: tuple[Tool, ...] | None = None,
+                  tool_text: bool = False, fmt: str = "openai") -> Normalized:
+    """A Normalized for messages that are already normalized (facts by a scan)."""
+    n = len(messages)
+    return Normalized(
+        messages, tools, fmt, tool_text,
+        tuple(i for i, m in enumerate(messages) if m.role == "user"),
+        next((i for i, m in enumerate(messages) if m.role == "tool" or m.tool_calls), n),
+        next((i for i, m in enumerate(messages) if m.role == "system"), n))
 
 
 ROLES: dict[str, str] = {
@@ -88,120 +116,238 @@ ROLES: dict[str, str] = {
 _decoder = msgspec.json.Decoder(RawRecord)
 
 
-def decode(data: bytes | dict[str, Any]) -> RawRecord:
+def decode(data: bytes | dict[str, Any]) -> RawRecord | RawRow:
     """Typed decode of one record; JSON and type errors become rejects."""
     try:
         if isinstance(data, dict):
-            return msgspec.convert(data, RawRecord)
-        return _decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        raise Reject("wrong-type", str(exc)) from None
-    except msgspec.DecodeError as exc:
-        text = str(exc)
-        if "UTF-8" in text:
-            raise Reject("invalid-utf8", text) from None
-        if b"\x00" in data:  # type: ignore[operator]
-            raise Reject("nul-character", "raw NUL byte in the record") from None
-        raise Reject("invalid-json", text) from None
+            return msgspec.convert(data, RawRow)
+        return decode_json(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise decode_error(exc, data) from None
 
 
-def normalize(raw: RawRecord, tool_mode: ToolMode) -> Normalized:
-    """Messages + tools for one record, or a Reject naming the problem."""
+decode_json = _decoder.decode  # the hot path calls it directly; errors via decode_error
+
+
+def decode_error(exc: Exception, data: bytes | dict[str, Any]) -> Reject:
+    """The reject for a failed decode: wrong types, bad UTF-8, NUL, bad JSON."""
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        return Reject("wrong-type", text)
+    if "UTF-8" in text:
+        return Reject("invalid-utf8", text)
+    if isinstance(data, bytes) and b"\x00" in data:
+        return Reject("nul-character", "raw NUL byte in the record")
+    return Reject("invalid-json", text)
+
+
+_new = tuple.__new__  # builds a NamedTuple without its slower keyword-aware __new__
+
+
+def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode, check_nul: bool = True) -> Normalized:
+    """Messages + tools for one record, or a Reject naming the problem.
+
+    `check_nul=False` skips the per-message NUL scan when the caller has
+    already seen there is none in the raw bytes."""
     structured = tool_mode == "structured"
-    if raw.messages is not None or raw.conversations is not None:
-        turns = raw.messages if raw.messages is not None else raw.conversations
-        assert turns is not None
+    system = raw.system if raw.system and raw.system.strip() else None
+    turns = raw.messages if raw.messages is not None else raw.conversations
+    if turns is not None:
         if raw.messages is not None:
-            fmt = "openai-request" if (raw.tools or raw.functions) else "openai"
+            fmt = "openai-request" if _has_tools_field(raw) else "openai"
         else:
             fmt = "sharegpt"
         if not turns:
             raise Reject("empty-conversation", f"`{_field(raw)}` is an empty list")
-        messages = convert_turns(turns, structured)
-    elif raw.instruction is not None:
-        fmt = "alpaca"
-        text = raw.instruction
-        if raw.input and raw.input.strip():
-            text = f"{text}\n\n{raw.input}"
-        messages = [Message(role="user", content=text)]
-    elif raw.prompt is not None:
-        fmt = "prompt"
-        messages = [Message(role="user", content=raw.prompt)]
+        if system is not None and _role(turns[0]) == "system":
+            system = None  # the conversation brings its own
+        conversation = _Conversation(structured)
+        if system is not None:
+            conversation.system(system)
+        conversation.turns(turns)
     else:
-        raise Reject("unrecognized-format",
-                     "no `messages`, `conversations`, `instruction` or `prompt` field")
-    if raw.system and raw.system.strip() and not (messages and messages[0].role == "system"):
-        messages.insert(0, Message(role="system", content=raw.system))
+        if raw.instruction is not None:
+            fmt = "alpaca"
+            text = raw.instruction
+            if raw.input and raw.input.strip():
+                text = f"{text}\n\n{raw.input}"
+        elif raw.prompt is not None:
+            fmt = "prompt"
+            text = raw.prompt
+        else:
+            raise Reject("unrecognized-format",
+                         "no `messages`, `conversations`, `instruction` or `prompt` field")
+        if system is None and not _has_tools_field(raw):  # the common case, kept short
+            message = (Message("user", text),)
+            if check_nul:
+                check_messages(message)
+            return _new(Normalized, (message, None, fmt, False, (0,), 1, 1))
+        conversation = _Conversation(structured)
+        if system is not None:
+            conversation.system(system)
+        conversation.user(text)
 
-    tools: tuple[Tool, ...] | None = None
-    field_tools = raw.tools if raw.tools is not None else raw.functions
-    if field_tools is not None:
-        tools = tooltext.normalize_tool_field(field_tools)
-        if tools is None:
-            raise Reject("invalid-tools", "`tools` holds an item that is not a function spec")
-    messages, text_tools, kind, tool_text = _system_tools(messages, structured)
-    if kind is not None:
-        fmt = kind
-    if text_tools:
-        tools = _merge_tools(tools or (), text_tools)
-    check_messages(messages)
-    return Normalized(tuple(messages), tools or None, fmt, tool_text)
+    tools = _field_tools(raw)
+    if conversation.kind is not None:
+        fmt = conversation.kind
+    if conversation.lifted:
+        tools = _merge_tools(tools or (), tuple(conversation.lifted))
+    messages = conversation.messages
+    if check_nul:
+        check_messages(messages)
+    n = len(messages)
+    first_tool = conversation.first_tool
+    first_system = conversation.first_system
+    return _new(Normalized, (tuple(messages), tools or None, fmt, conversation.tool_text,
+                             tuple(conversation.users), n if first_tool is None else first_tool,
+                             n if first_system is None else first_system))
 
 
-def _field(raw: RawRecord) -> str:
+def _has_tools_field(raw: RawRecord | RawRow) -> bool:
+    if raw.__class__ is RawRow:
+        return bool(raw.tools or raw.functions)
+    tools, functions = raw.tools, raw.functions
+    if not len(tools) and not len(functions):  # type: ignore[arg-type]
+        return False
+    return any(len(f) and bytes(f) not in (b"null", b"[]", b'""')  # type: ignore[arg-type]
+               for f in (tools, functions))
+
+
+def _field_tools(raw: RawRecord | RawRow) -> tuple[Tool, ...] | None:
+    """The structured `tools` (or legacy `functions`) field, normalized."""
+    if raw.__class__ is RawRecord and not len(raw.tools) and not len(raw.functions):  # type: ignore[arg-type]
+        return None
+    if isinstance(raw, RawRow):
+        field = raw.tools if raw.tools is not None else raw.functions
+        tools = tooltext.normalize_tool_field(field) if field is not None else ()
+    else:
+        field = raw.tools if len(raw.tools) else raw.functions
+        tools = tooltext.tools_from_json(bytes(field)) if len(field) else ()
+    if tools is None:
+        raise Reject("invalid-tools", "`tools` holds an item that is not a function spec")
+    return tools or None
+
+
+def _field(raw: RawRecord | RawRow) -> str:
     return "messages" if raw.messages is not None else "conversations"
 
 
-def convert_turns(turns: list[RawMessage], structured: bool) -> list[Message]:
-    """Map roles, contents and tool calls; tool results are linked to the
-    call they answer (in order) when the dataset gives no id."""
-    out: list[Message] = []
-    pending: list[str] = []  # ids of calls not yet answered, oldest first
-    call_count = 0
-    for index, turn in enumerate(turns):
-        raw_role = turn.from_ if turn.from_ is not None else turn.role
-        if raw_role is None:
-            raise Reject("unknown-role", f"turn {index} has no `role` or `from`")
-        role = ROLES.get(raw_role.lower())
-        if role is None:
-            raise Reject("unknown-role", f"turn {index} has unknown role {raw_role!r}")
-        content = _content(turn, index, role)
-        calls: tuple[ToolCall, ...] | None = None
-        if role == "function_call":
-            role = "assistant"
-            call = tooltext.parse_call(content or "", f"call_{call_count}")
-            if call is not None:
-                calls, content = (call,), None
-        elif role == "assistant":
-            calls = _structured_calls(turn, call_count)
-            if calls is None and structured and content and "<tool_call>" in content:
-                split = tooltext.split_tool_calls(content, call_count)
-                if split is not None:
-                    content, calls = split
-        if calls:
-            call_count += len(calls)
-            pending.extend(call.id for call in calls)
-        tool_call_id = turn.tool_call_id
-        if role == "tool":
-            if tool_call_id is None and pending:
-                tool_call_id = pending[0]
-            if tool_call_id in pending:
-                pending.remove(tool_call_id)
-            if structured and content:
-                content = tooltext.strip_tool_response(content)
-        elif role == "user" and content is None:
-            raise Reject("empty-message", f"turn {index} (user) has no content")
-        out.append(Message(role=role, content=content, tool_calls=calls,  # type: ignore[arg-type]
-                           tool_call_id=tool_call_id, name=turn.name))
-    return out
+def _role(turn: RawMessage) -> str | None:
+    raw_role = turn.from_ if turn.from_ is not None else turn.role
+    return ROLES.get(raw_role.lower()) if raw_role is not None else None
 
 
-def _content(turn: RawMessage, index: int, role: str) -> str | None:
-    value: Any = turn.value if turn.from_ is not None else turn.content
-    if turn.from_ is None and value is None and turn.value is not None:
-        value = turn.value
-    if value is None or isinstance(value, str):
-        return value
+class _Conversation:
+    """Accumulates normalized messages and the facts about them in one pass."""
+
+    __slots__ = ("structured", "messages", "users", "first_tool", "first_system", "lifted",
+                 "kind", "tool_text", "pending", "calls")
+
+    def __init__(self, structured: bool) -> None:
+        self.structured = structured
+        self.messages: list[Message] = []
+        self.users: list[int] = []
+        self.first_tool: int | None = None
+        self.first_system: int | None = None
+        self.lifted: list[Tool] = []  # tool specs lifted out of system prompts
+        self.kind: str | None = None  # "hermes" / "available-tools" when found
+        self.tool_text = False
+        self.pending: list[str] = []  # ids of calls not yet answered, oldest first
+        self.calls = 0  # tool calls so far, for generated ids
+
+    def user(self, content: str) -> None:
+        self.users.append(len(self.messages))
+        self.messages.append(Message("user", content))
+
+    def system(self, content: str | None, name: str | None = None) -> None:
+        """A system prompt; tool specs written in it are found (and lifted in
+        structured mode, dropping the message if nothing else is left)."""
+        if content and ("<tools>" in content or "ools:" in content or "OOLS:" in content):
+            found = tooltext.find_tool_text(content)
+            if found.kind is not None:
+                self.kind = self.kind or found.kind
+                if self.structured and found.tools is not None:
+                    self.lifted.extend(found.tools)
+                    content = found.remaining
+                    if not content:
+                        return
+                else:
+                    self.tool_text = True
+        if self.first_system is None:
+            self.first_system = len(self.messages)
+        self.messages.append(Message("system", content, None, None, name))
+
+    def turns(self, turns: list[RawMessage]) -> None:
+        """Map roles, contents and tool calls; tool results are linked to the
+        call they answer (in order) when the dataset gives no id."""
+        messages = self.messages
+        append = messages.append
+        users = self.users
+        structured = self.structured
+        roles = ROLES
+        for index, turn in enumerate(turns):
+            raw_role = turn.from_
+            if raw_role is not None:
+                content: Any = turn.value
+            else:
+                raw_role = turn.role
+                content = turn.content if turn.content is not None else turn.value
+                if raw_role is None:
+                    raise Reject("unknown-role", f"turn {index} has no `role` or `from`")
+            role = roles.get(raw_role) or roles.get(raw_role.lower())
+            if content is not None and content.__class__ is not str:
+                content = _content(content, index, role or raw_role)
+            if role == "user":
+                if content is None:
+                    raise Reject("empty-message", f"turn {index} (user) has no content")
+                users.append(len(messages))
+                append(Message("user", content, None, None, turn.name))
+            elif role == "assistant":
+                calls = None
+                if turn.tool_calls or turn.function_call is not None:
+                    calls = _structured_calls(turn, self.calls)
+                elif structured and content and "<tool_call>" in content:
+                    split = tooltext.split_tool_calls(content, self.calls)
+                    if split is not None:
+                        content, calls = split
+                if calls:
+                    self._called(calls)
+                append(Message("assistant", content, calls, None, turn.name))
+            elif role == "system":
+                self.system(content, turn.name)
+            elif role == "tool":
+                self.tool(content, turn.tool_call_id, turn.name)
+            elif role == "function_call":  # ShareGPT: an assistant turn calling a tool
+                call = tooltext.parse_call(content or "", f"call_{self.calls}")
+                if call is None:
+                    append(Message("assistant", content, None, None, turn.name))
+                else:
+                    self._called((call,))
+                    append(Message("assistant", None, (call,), None, turn.name))
+            else:
+                raise Reject("unknown-role", f"turn {index} has unknown role {raw_role!r}")
+
+    def tool(self, content: str | None, tool_call_id: str | None, name: str | None) -> None:
+        pending = self.pending
+        if tool_call_id is None and pending:
+            tool_call_id = pending[0]
+        if tool_call_id in pending:
+            pending.remove(tool_call_id)
+        if self.structured and content:
+            content = tooltext.strip_tool_response(content)
+        if self.first_tool is None:
+            self.first_tool = len(self.messages)
+        self.messages.append(Message("tool", content, None, tool_call_id, name))
+
+    def _called(self, calls: tuple[ToolCall, ...]) -> None:
+        if self.first_tool is None:
+            self.first_tool = len(self.messages)
+        self.calls += len(calls)
+        self.pending.extend(call.id for call in calls)
+
+
+def _content(value: Any, index: int, role: str) -> str | None:
+    """Non-string content: a function_call's dict, or OpenAI text parts."""
     if isinstance(value, dict):
         if role == "function_call":
             return tooltext.arguments_text(value)
@@ -227,34 +373,6 @@ def _structured_calls(turn: RawMessage, first: int) -> tuple[ToolCall, ...] | No
                                        arguments=tooltext.arguments_text(call.function.arguments)))
         for n, call in enumerate(raw_calls)
     )
-
-
-def _system_tools(messages: list[Message], structured: bool
-                  ) -> tuple[list[Message], tuple[Tool, ...] | None, str | None, bool]:
-    """Find tool specs written into system prompts; lift them in structured mode.
-
-    Returns (messages, lifted tools, format label, tools left as text)."""
-    kind: str | None = None
-    lifted: list[Tool] = []
-    tool_text = False
-    out: list[Message] = []
-    for message in messages:
-        if message.role != "system" or not message.content:
-            out.append(message)
-            continue
-        found = tooltext.find_tool_text(message.content)
-        if found.kind is None:
-            out.append(message)
-            continue
-        kind = kind or found.kind
-        if not structured or found.tools is None:
-            tool_text = True
-            out.append(message)
-            continue
-        lifted.extend(found.tools)
-        if found.remaining:
-            out.append(Message(role="system", content=found.remaining, name=message.name))
-    return out, (tuple(lifted) or None), kind, tool_text
 
 
 def _merge_tools(first: tuple[Tool, ...], second: tuple[Tool, ...]) -> tuple[Tool, ...]:

@@ -12,17 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from producer import records
 from producer.errors import StrictStop
-from producer.formats import decode, normalize
-from producer.ids import SeenIds, prompt_id
+from producer.formats import decode, decode_error, decode_json, normalize
+from producer.ids import SeenIds, encode_messages, prompt_id
 from producer.inputs import Source
-from producer.multiturn import apply_policy, category, user_turns
+from producer.multiturn import apply_policy
 from producer.readers import InputReader, ReadProblem
 from producer.rejects import Reject, RejectsFile, excerpt
 from producer.spool import SpoolWriter
 from producer.summary import CATEGORIES, SourceStats, Summary
-from schemas.prompt import PromptRecord
 from schemas.run import MultiTurnPolicy, ToolMode
 from tokenmill.log import get_logger
 
@@ -104,6 +105,17 @@ class _FileState:
         self.counts = counts
         self.seen = seen
         self.spool = spool
+        self.run_json = records.json_string(options.run)
+        self.source_json = records.json_string(source.name)
+        self.buckets = {c: bucket_of(index, c) for c in CATEGORIES}
+        self.category_json = {c: records.json_string(c) for c in CATEGORIES}
+        self.writers: dict[str, Callable[[bytes], int]] = {}
+
+    def writer(self, category: str) -> Callable[[bytes], int]:
+        write = self.writers.get(category)
+        if write is None:
+            write = self.writers[category] = self.spool.writer(self.buckets[category])
+        return write
 
     def reject(self, line: int, reason: str, detail: str, data: object) -> None:
         self.stats.rejected += 1
@@ -114,40 +126,52 @@ class _FileState:
                              f"(--strict stops at the first rejected record)")
 
     def record(self, line: int, data: bytes | dict[str, object] | ReadProblem) -> None:
+        """Decode, normalize, apply the policy; spool each new prompt."""
         stats = self.stats
         stats.records += 1
-        if isinstance(data, ReadProblem):
-            self.reject(line, data.reason, data.detail, b"")
-            return
         options = self.options
         try:
-            normalized = normalize(decode(data), options.tool_mode)  # type: ignore[arg-type]
-            prompts = apply_policy(normalized.messages, options.policy)
+            if data.__class__ is bytes:
+                try:
+                    raw = decode_json(data)
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    raise decode_error(exc, data) from None  # type: ignore[arg-type]
+                # An escaped NUL is the only way one gets past the JSON decoder:
+                # scan the raw bytes once instead of every message.
+                nul = b"\\u0000" in data  # type: ignore[operator]
+            elif data.__class__ is ReadProblem:
+                raise Reject(data.reason, data.detail)  # type: ignore[union-attr]
+            else:
+                raw, nul = decode(data), True  # type: ignore[arg-type]
+            normalized = normalize(raw, options.tool_mode, nul)
+            prompts = apply_policy(normalized, options.policy)
         except Reject as exc:
             self.reject(line, exc.reason, exc.detail, data)
             return
-        stats.formats[normalized.format] += 1
+        fmt = normalized.format
+        stats.formats[fmt] += 1
         tools = normalized.tools
-        for messages, turn in prompts:
-            pid, key = prompt_id(messages, tools)
-            if key in self.seen:
+        tools_json = records.encode_tools(tools) if tools else b"null"
+        seen = self.seen
+        for messages, turn, cat, user_turns in prompts:
+            messages_json = encode_messages(messages)
+            pid, key = prompt_id(messages_json, tools)
+            if key in seen:
                 stats.duplicates += 1
                 continue
-            cat = category(messages, tools, normalized.tool_text)
-            payload = records.prefix(PromptRecord(
-                id=pid, run=options.run, messages=messages, source=self.source.name,
-                format=normalized.format, category=cat, line=line, turn=turn, tools=tools))
+            payload = records.assemble(
+                pid, self.run_json, messages_json, self.source_json, records.json_string(fmt),
+                self.category_json[cat], line, turn, tools_json)
             if len(payload) > records.MAX_RECORD_BYTES:
                 where = f" (user turn {turn})" if turn is not None else ""
                 self.reject(line, "too-large",
                             f"prompt{where} is {len(payload):,} bytes encoded; Kafka takes at "
                             f"most {records.MAX_RECORD_BYTES:,}", data)
                 continue
-            self.seen.add(key)
-            bucket = bucket_of(self.index, cat)
-            self.spool.add(bucket, pid.encode(), payload)
-            self.counts[bucket] += 1
+            seen.add(key)
+            self.writer(cat)(b"%b%b\n" % (pid.encode(), payload))
+            self.counts[self.buckets[cat]] += 1
             stats.prompts += 1
             stats.by_category[cat] += 1
-            if user_turns(messages) > 1:
+            if user_turns > 1:
                 stats.several_user_turns += 1

@@ -14,56 +14,68 @@ producer keeps context up to a user turn; the model generates what follows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import NamedTuple
 
+from producer.formats import Normalized
 from producer.rejects import Reject
 from schemas.messages import Message, Tool
 from schemas.prompt import Category
 from schemas.run import MultiTurnPolicy
 
-Prompt = tuple[tuple[Message, ...], int | None]  # (messages, user-turn index)
+
+class Prompt(NamedTuple):
+    messages: tuple[Message, ...]
+    turn: int | None  # user-turn index (per-user-turn policy only)
+    category: Category
+    user_turns: int  # user turns in the kept context
 
 
-def user_positions(messages: Sequence[Message]) -> list[int]:
-    return [i for i, m in enumerate(messages) if m.role == "user"]
+_new = tuple.__new__  # builds a NamedTuple without its slower keyword-aware __new__
 
 
-def apply_policy(messages: tuple[Message, ...], policy: MultiTurnPolicy) -> list[Prompt]:
+def apply_policy(conversation: Normalized, policy: MultiTurnPolicy) -> list[Prompt]:
     """The prompts one conversation yields; Reject if nothing is left to generate."""
-    users = user_positions(messages)
+    messages, tools, _, tool_text, users, first_tool, first_system = conversation
     if not users:
         raise Reject("no-user-turn", "no user turn: nothing to generate")
-    if policy == "per-user-turn":
-        prompts = [(messages[: pos + 1], turn) for turn, pos in enumerate(users)]
-    elif policy == "strip-assistant":
-        kept = tuple(m for m in messages[: users[-1] + 1] if m.role in ("system", "user"))
-        prompts = [(kept, None)]
-    else:
-        prompts = [(messages[: users[-1] + 1], None)]
-    for kept, turn in prompts:
-        last = kept[-1].content
-        if not last or not last.strip():
-            where = f"user turn {turn}" if turn is not None else "the last user turn"
+    has_tools = bool(tools) or tool_text
+    last = users[-1]
+    if policy == "last-user":
+        kept = messages if last == len(messages) - 1 else messages[: last + 1]
+        prompts = [_new(Prompt, (kept, None, category(has_tools, first_tool < last, len(users),
+                                                      first_system < last), len(users)))]
+    elif policy == "per-user-turn":
+        prompts = [_new(Prompt, (messages[: pos + 1], turn,
+                                 category(has_tools, first_tool < pos, turn + 1,
+                                          first_system < pos), turn + 1))
+                   for turn, pos in enumerate(users)]
+    else:  # strip-assistant
+        kept = tuple(m for m in messages[: last + 1] if m.role == "system" or m.role == "user")
+        prompts = [_new(Prompt, (kept, None, category(has_tools, False, len(users),
+                                                      first_system < last), len(users)))]
+    for prompt in prompts:
+        content = prompt[0][-1].content
+        if not content or content.isspace():
+            where = f"user turn {prompt[1]}" if prompt[1] is not None else "the last user turn"
             raise Reject("empty-prompt", f"{where} is empty")
     return prompts
 
 
-def category(messages: Sequence[Message], tools: tuple[Tool, ...] | None,
-             tool_text: bool) -> Category:
-    """tools > multi-turn > system-prompt > plain, judged on the kept context."""
-    if tools or tool_text or any(m.role == "tool" or m.tool_calls for m in messages):
+def category(tools: bool, tool_turns: bool, user_turns: int, system: bool) -> Category:
+    """tools > multi-turn > system-prompt > plain, judged on the kept context:
+    tool specs (structured or as text), tool calls or results, more than one
+    user turn, a system message."""
+    if tools or tool_turns:
         return "tools"
-    users = 0
-    system = False
-    for m in messages:
-        if m.role == "user":
-            users += 1
-        elif m.role == "system":
-            system = True
-    if users > 1:
+    if user_turns > 1:
         return "multi-turn"
     return "system-prompt" if system else "plain"
 
 
-def user_turns(messages: Sequence[Message]) -> int:
-    return sum(1 for m in messages if m.role == "user")
+def category_of(messages: tuple[Message, ...], tools: tuple[Tool, ...] | None,
+                tool_text: bool = False) -> Category:
+    """The same rule over a plain message list (for readers of published prompts)."""
+    return category(bool(tools) or tool_text,
+                    any(m.role == "tool" or m.tool_calls for m in messages),
+                    sum(1 for m in messages if m.role == "user"),
+                    any(m.role == "system" for m in messages))

@@ -2,9 +2,11 @@
 
 `seq` (the publish-order index) is known only after pass 1 has counted every
 bucket. Rather than decode and re-encode a million records in pass 2, pass 1
-encodes the whole `PromptRecord` with seq=0 and keeps the bytes before the
-`"seq"` field; pass 2 appends `,"seq":N,"v":1}`. `finish` produces exactly
-what `msgspec.json.encode(PromptRecord(..., seq=N))` would (a test checks it).
+keeps the encoded record up to its `"seq"` field and pass 2 appends
+`,"seq":N,"v":1}`. Pass 1 assembles that prefix from parts (the messages are
+encoded once, for both the id and the record), so `assemble` + `finish` must
+produce exactly what `msgspec.json.encode(PromptRecord(...))` would: a test
+checks it, and `prefix` is the reference.
 """
 
 from __future__ import annotations
@@ -30,5 +32,36 @@ def prefix(record: PromptRecord) -> bytes:
     return data[: -len(_SUFFIX)]
 
 
+_strings: dict[str, bytes] = {}
+
+
+def json_string(value: str) -> bytes:
+    """JSON text of a string; the few distinct values (formats, categories,
+    sources) are cached."""
+    encoded = _strings.get(value)
+    if encoded is None:
+        encoded = _strings[value] = _encoder.encode(value)
+    return encoded
+
+
+def assemble(pid: str, run: bytes, messages: bytes, source: bytes, fmt: bytes, category: bytes,
+             line: int, turn: int | None, tools: bytes) -> bytes:
+    """The prefix of an encoded PromptRecord from its encoded parts (JSON text
+    for run, messages, source, format, category and tools)."""
+    return b'{"id":"%s","run":%s,"messages":%s,"source":%s,"format":%s,"category":%s,' \
+           b'"line":%d,"turn":%s,"tools":%s' % (
+               pid.encode(), run, messages, source, fmt, category, line,
+               b"null" if turn is None else b"%d" % turn, tools)
+
+
+def encode_tools(tools: object) -> bytes:
+    return _encoder.encode(tools)
+
+
 def finish(record_prefix: bytes, seq: int) -> bytes:
-    return b'%s,"seq":%d,"v":1}' % (record_prefix, seq)
+    return b'%b,"seq":%d,"v":1}' % (record_prefix, seq)
+
+
+def finish_line(spool_line: bytes, seq: int) -> tuple[bytes, bytes]:
+    """(key, value) from a spool line: id, prefix, newline (see spool.py)."""
+    return spool_line[:32], b'%b,"seq":%d,"v":1}' % (memoryview(spool_line)[32:-1], seq)

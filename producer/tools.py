@@ -16,6 +16,7 @@ not parse is left as it is, never dropped.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -45,6 +46,12 @@ class ToolText:
     remaining: str  # the prompt with the block removed (unchanged if not parsed)
 
 
+# Memos: a dataset repeats a few system prompts and tool sets thousands of
+# times; results are shared, never mutated.
+MEMO_SIZE = 1024
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def find_tool_text(system: str) -> ToolText:
     """Look for a Hermes `<tools>` block, else an "Available tools:" JSON block."""
     if "<tools>" in system:
@@ -83,6 +90,10 @@ def parse_tool_list(text: str) -> tuple[Tool, ...] | None:
     text = text.strip()
     if not text:
         return None
+    try:
+        return _as_tools([msgspec.json.decode(text)])
+    except msgspec.DecodeError:
+        pass
     found = _json_values(text, 0)
     if found is not None and found[1] >= len(text.rstrip()):
         return _as_tools(found[0])
@@ -139,12 +150,29 @@ def normalize_tool(item: Any) -> Tool | None:
         return None
     function = item.get("function")
     if isinstance(function, dict) and isinstance(function.get("name"), str):
-        if item.get("type", "function") != "function":
+        kind = item.get("type")
+        if kind == "function":
+            return item  # already the OpenAI shape
+        if kind is not None:
             return None
-        return {"type": "function", **{k: v for k, v in item.items() if k != "type"}}
+        return {"type": "function", **item}
     if isinstance(item.get("name"), str):
         return {"type": "function", "function": item}
     return None
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def tools_from_json(raw: bytes) -> tuple[Tool, ...] | None:
+    """A `tools` field from its JSON text: a list, or a string holding JSON."""
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if value is None:
+        return ()
+    if not isinstance(value, (list, str)):
+        return None
+    return normalize_tool_field(value)
 
 
 def normalize_tool_field(raw: list[Any] | str) -> tuple[Tool, ...] | None:

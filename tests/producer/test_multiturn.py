@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from producer.multiturn import apply_policy, category
+from producer.formats import from_messages
+from producer.multiturn import Prompt, apply_policy, category_of
 from producer.rejects import Reject
 from schemas.messages import FunctionCall, Message, ToolCall
 
@@ -21,38 +22,50 @@ A3 = Message(role="assistant", content="Welcome.")
 CONVERSATION = (SYS, U1, CALL, RESULT, A1, U2, A2, U3, A3)
 
 
+def policy(messages: tuple[Message, ...], name: str, tools=None) -> list[Prompt]:
+    return apply_policy(from_messages(messages, tools), name)  # type: ignore[arg-type]
+
+
 def test_last_user_keeps_everything_up_to_the_last_user_turn() -> None:
-    assert apply_policy(CONVERSATION, "last-user") == [
-        ((SYS, U1, CALL, RESULT, A1, U2, A2, U3), None)]
+    assert policy(CONVERSATION, "last-user") == [
+        Prompt((SYS, U1, CALL, RESULT, A1, U2, A2, U3), None, "tools", 3)]
 
 
 def test_last_user_regenerates_a_final_turn_with_tool_calls() -> None:
     """The final assistant turn, its calls and their results are what the model makes."""
-    assert apply_policy((SYS, U1, CALL, RESULT, A1), "last-user") == [((SYS, U1), None)]
+    assert policy((SYS, U1, CALL, RESULT, A1), "last-user") == [
+        Prompt((SYS, U1), None, "system-prompt", 1)]
 
 
 def test_strip_assistant_keeps_system_and_user_turns_only() -> None:
-    assert apply_policy(CONVERSATION, "strip-assistant") == [((SYS, U1, U2, U3), None)]
+    assert policy(CONVERSATION, "strip-assistant") == [
+        Prompt((SYS, U1, U2, U3), None, "multi-turn", 3)]
 
 
 def test_per_user_turn_yields_one_prompt_per_user_turn_with_its_context() -> None:
-    assert apply_policy(CONVERSATION, "per-user-turn") == [
-        ((SYS, U1), 0),
-        ((SYS, U1, CALL, RESULT, A1, U2), 1),
-        ((SYS, U1, CALL, RESULT, A1, U2, A2, U3), 2),
+    assert policy(CONVERSATION, "per-user-turn") == [
+        Prompt((SYS, U1), 0, "system-prompt", 1),
+        Prompt((SYS, U1, CALL, RESULT, A1, U2), 1, "tools", 2),
+        Prompt((SYS, U1, CALL, RESULT, A1, U2, A2, U3), 2, "tools", 3),
     ]
 
 
-@pytest.mark.parametrize("policy", ["last-user", "strip-assistant", "per-user-turn"])
-def test_nothing_to_generate_is_rejected(policy: str) -> None:
+def test_tool_specs_make_every_prompt_a_tools_prompt() -> None:
+    tool = {"type": "function", "function": {"name": "get_weather"}}
+    assert [p.category for p in policy(CONVERSATION, "per-user-turn", (tool,))] == ["tools"] * 3
+    assert policy(CONVERSATION, "strip-assistant", (tool,))[0].category == "tools"
+
+
+@pytest.mark.parametrize("name", ["last-user", "strip-assistant", "per-user-turn"])
+def test_nothing_to_generate_is_rejected(name: str) -> None:
     with pytest.raises(Reject) as info:
-        apply_policy((SYS, A1), policy)  # type: ignore[arg-type]
+        policy((SYS, A1), name)
     assert info.value.reason == "no-user-turn"
 
 
 def test_an_empty_last_user_turn_is_rejected() -> None:
     with pytest.raises(Reject) as info:
-        apply_policy((U1, A1, Message(role="user", content="  ")), "last-user")
+        policy((U1, A1, Message(role="user", content="  ")), "last-user")
     assert info.value.reason == "empty-prompt"
 
 
@@ -69,4 +82,6 @@ TOOL = {"type": "function", "function": {"name": "f"}}
     ((SYS, U1, A1, U2), (TOOL,), False, "tools"),  # tools outrank multi-turn
 ])
 def test_category(messages, tools, tool_text, expected) -> None:
-    assert category(messages, tools, tool_text) == expected
+    assert category_of(messages, tools, tool_text) == expected
+    prompts = apply_policy(from_messages(messages, tools, tool_text), "last-user")
+    assert prompts[0].category == expected

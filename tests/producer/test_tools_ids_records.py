@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 
 from producer import records, tools
-from producer.ids import SeenIds, prompt_id
+from producer.ids import SeenIds, encode_messages, prompt_id
 from schemas.messages import Message
 from schemas.prompt import PromptRecord
 
@@ -41,7 +42,7 @@ def test_tool_call_text_split() -> None:
 
 
 def test_ids_are_stable_and_ignore_dict_order() -> None:
-    messages = (Message(role="user", content="hi"),)
+    messages = encode_messages((Message(role="user", content="hi"),))
     a = {"type": "function", "function": {"name": "f", "parameters": {"a": 1, "b": 2}}}
     b = {"function": {"parameters": {"b": 2, "a": 1}, "name": "f"}, "type": "function"}
     assert prompt_id(messages, (a,)) == prompt_id(messages, (b,))
@@ -49,18 +50,30 @@ def test_ids_are_stable_and_ignore_dict_order() -> None:
     pid, key = prompt_id(messages, None)
     assert len(pid) == 32 and int(pid[:16], 16) == key
     # Pinned: a change here changes every id, and a resumed run would refuse to continue.
-    assert pid == "93822c74aebcea621580b1b0bbf91cbe"
+    assert pid == "b03d228fdf33e7c81a9a7ea3eadadcf2"
 
 
 def test_seen_ids() -> None:
     seen = SeenIds()
-    assert seen.add(5) and not seen.add(5) and 5 in seen and len(seen) == 1
+    seen.add(5)
+    seen.add(5)
+    assert 5 in seen and 6 not in seen and len(seen) == 1
 
 
-def test_spliced_record_equals_a_normally_encoded_one() -> None:
-    record = PromptRecord(id="x" * 32, run="r", messages=(Message(role="user", content="hi"),),
-                          source="s.jsonl", format="prompt", category="plain", line=3,
-                          tools=({"type": "function", "function": {"name": "f"}},))
+@pytest.mark.parametrize("turn", [None, 0, 12])
+@pytest.mark.parametrize("tool_list", [None, ({"type": "function", "function": {"name": "f"}},)])
+def test_assembled_record_equals_a_normally_encoded_one(turn, tool_list) -> None:
+    messages = (Message(role="system", content='q"uote \\ \u2603 \x01'),
+                Message(role="user", content="hi"))
+    record = PromptRecord(id="ab" * 16, run="run-1", messages=messages, source='dir/"odd".jsonl',
+                          format="openai", category="system-prompt", line=3, turn=turn,
+                          tools=tool_list)
+    assembled = records.assemble(
+        record.id, records.json_string(record.run), encode_messages(messages),
+        records.json_string(record.source), records.json_string(record.format),
+        records.json_string(record.category), record.line, turn,
+        records.encode_tools(tool_list) if tool_list else b"null")
+    assert assembled == records.prefix(record)
     for seq in (0, 7, 123_456_789):
-        assert records.finish(records.prefix(record), seq) == msgspec.json.encode(
+        assert records.finish(assembled, seq) == msgspec.json.encode(
             msgspec.structs.replace(record, seq=seq))
