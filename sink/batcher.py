@@ -83,8 +83,9 @@ class Batch:
     started_at: float
     last_offset: int = -1
     records: int = 0
-    lines: list[bytes] = field(default_factory=list)
-    line_bytes: int = 0
+    # The object's JSONL lines, appended in place (no per-line bytes objects).
+    body: bytearray = field(default_factory=bytearray)
+    line_count: int = 0
     dead_letters: list[DeadLetterOut] = field(default_factory=list)
     dlq_bytes: int = 0
     # Objects an earlier owner wrote for this batch's key (see module doc).
@@ -92,12 +93,12 @@ class Batch:
     sealed_by: str | None = None
 
     @property
-    def bytes(self) -> int:
-        return self.line_bytes + self.dlq_bytes
+    def line_bytes(self) -> int:
+        return len(self.body)
 
     @property
-    def line_count(self) -> int:
-        return len(self.lines)
+    def bytes(self) -> int:
+        return len(self.body) + self.dlq_bytes
 
     @property
     def pinned_to(self) -> int | None:
@@ -182,10 +183,12 @@ class PartitionBatcher:
         self.needs_probe = False
 
     def add(self, offset: int, *, line: bytes | None = None,
+            write: Callable[[bytearray], object] | None = None,
             dead_letter: DeadLetterOut | None = None) -> str | None:
-        """Add one record (an S3 line or a DLQ record); returns the name of the
-        predicate that sealed the batch, if one fired."""
-        if (line is None) == (dead_letter is None):
+        """Add one record: an S3 line (`line`, or `write`, which appends it to
+        the batch body) or a DLQ record. Returns the name of the predicate
+        that sealed the batch, if one fired."""
+        if sum(x is not None for x in (line, write, dead_letter)) != 1:
             raise ValueError("a record is either an S3 line or a dead letter")
         if self._last_offset is not None and offset <= self._last_offset:
             raise OffsetOrderError(
@@ -200,8 +203,11 @@ class PartitionBatcher:
         batch.last_offset = offset
         batch.records += 1
         if line is not None:
-            batch.lines.append(line)
-            batch.line_bytes += len(line)
+            batch.body += line
+            batch.line_count += 1
+        elif write is not None:
+            write(batch.body)
+            batch.line_count += 1
         else:
             assert dead_letter is not None
             batch.dead_letters.append(dead_letter)

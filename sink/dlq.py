@@ -20,6 +20,7 @@ from schemas.dlq import (
     HEADER_TOPIC,
 )
 from sink.batcher import DeadLetterOut
+from sink.samples import CompletionView
 
 
 class _DeadLetterWire(msgspec.Struct, frozen=True):
@@ -50,7 +51,7 @@ def headers(reason: str, detail: str, topic: str, partition: int,
     ]
 
 
-def dead_letter(record: CompletionRecord, raw: bytes, *, reason: str, detail: str,
+def dead_letter(record: CompletionRecord | CompletionView, raw: bytes, *, reason: str, detail: str,
                 topic: str, partition: int, offset: int) -> DeadLetterOut:
     """The DLQ record for `record`, whose bytes as read are `raw`."""
     envelope = _DeadLetterWire(

@@ -20,18 +20,17 @@ ZSTD_LEVEL = 3
 FORMAT = "tokenmill.training-sample.jsonl/v1"
 
 
-def body(lines: list[bytes], compression: Compression) -> bytes:
-    data = b"".join(lines)
+def body(data: bytes | bytearray, compression: Compression) -> bytes:
     if compression == "zstd":
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
-    return data
+    return bytes(data)
 
 
 def metadata(batch: Batch, *, run: str, topic: str, settings_hash: str) -> dict[str, str]:
     return {
         "first-offset": str(batch.first_offset),
         "last-offset": str(batch.last_offset),
-        "records": str(len(batch.lines)),
+        "records": str(batch.line_count),
         "batch-records": str(batch.records),
         "run": run,
         "topic": topic,

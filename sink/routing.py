@@ -11,13 +11,27 @@ goes to the DLQ as `failed`, whatever the policy says.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from schemas import Completion, CompletionRecord, Failure, RunSpec
+from sink.samples import CompletionView, raw_text_present
 
 # Highest priority first: the detail of a record that is both length-capped
 # and without reasoning says "length".
 PRIORITY: tuple[str, ...] = ("failed", "length", "empty", "trivial", "missing_reasoning")
 
 MAX_DETAIL_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What routing looks at in a completion."""
+
+    finish_reason: str
+    content: str | None
+    has_reasoning: bool
+    has_tool_calls: bool
+    completion_tokens: int
 
 
 def _blank(text: str | None) -> bool:
@@ -28,23 +42,36 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 1] + "…"
 
 
-def completion_reasons(record: Completion, spec: RunSpec) -> list[tuple[str, str]]:
+def facts_of(record: Completion) -> Facts:
+    return Facts(record.finish_reason, record.content, not _blank(record.reasoning_content),
+                 bool(record.tool_calls), record.usage.completion_tokens)
+
+
+def view_facts(view: CompletionView) -> Facts:
+    return Facts(view.finish_reason, view.content, raw_text_present(view.reasoning_content),
+                 bool(view.tool_calls), view.usage.completion_tokens)
+
+
+def reasons(facts: Facts, spec: RunSpec) -> list[tuple[str, str]]:
     """Every DLQ reason that applies to a completion, in priority order."""
     found: list[tuple[str, str]] = []
-    if record.finish_reason == "length":
-        detail = (f"finish_reason=length after {record.usage.completion_tokens} completion "
+    if facts.finish_reason == "length":
+        detail = (f"finish_reason=length after {facts.completion_tokens} completion "
                   f"tokens (max_tokens={spec.generation.max_tokens})")
         found.append(("length", detail))
-    has_tools = bool(record.tool_calls)
-    if _blank(record.content) and _blank(record.reasoning_content) and not has_tools:
+    if _blank(facts.content) and not facts.has_reasoning and not facts.has_tool_calls:
         found.append(("empty", "no content, no reasoning_content, no tool_calls"))
-    stripped = (record.content or "").strip()
+    stripped = (facts.content or "").strip()
     limit = spec.qa.trivial_max_chars
-    if not has_tools and len(stripped) <= limit:
+    if not facts.has_tool_calls and len(stripped) <= limit:
         found.append(("trivial", _clip(f"answer {stripped!r} is at most {limit} characters")))
-    if spec.generation.enable_thinking and _blank(record.reasoning_content):
+    if spec.generation.enable_thinking and not facts.has_reasoning:
         found.append(("missing_reasoning", "enable_thinking is on but no reasoning_content"))
     return found
+
+
+def completion_reasons(record: Completion, spec: RunSpec) -> list[tuple[str, str]]:
+    return reasons(facts_of(record), spec)
 
 
 def failure_detail(record: Failure) -> str:
@@ -52,13 +79,14 @@ def failure_detail(record: Failure) -> str:
     return _clip(f"{record.failure}{status} after {record.attempts} attempt(s): {record.error}")
 
 
-def dlq_reason(record: CompletionRecord, spec: RunSpec) -> tuple[str, str] | None:
+def dlq_reason(record: CompletionRecord | CompletionView, spec: RunSpec) -> tuple[str, str] | None:
     """(reason, detail) if the record goes to the DLQ under the run's policy,
     else None (it goes to S3)."""
     if isinstance(record, Failure):
         return "failed", failure_detail(record)
+    facts = view_facts(record) if isinstance(record, CompletionView) else facts_of(record)
     policy = spec.qa.dlq_reasons
-    for reason, detail in completion_reasons(record, spec):
+    for reason, detail in reasons(facts, spec):
         if reason in policy:
             return reason, detail
     return None

@@ -69,13 +69,24 @@ def is_local_endpoint(endpoint_url: str | None) -> bool:
 
 def make_client(*, endpoint_url: str | None, region: str, max_attempts: int = 10,
                 max_pool: int = 16) -> Any:
+    """A boto3 S3 client with standard retries (exponential backoff).
+
+    Payloads are not SHA-256 signed on HTTPS (botocore's default there: the
+    CRC32 checksum header covers integrity) nor on a loopback endpoint, where
+    signing would be most of the upload's CPU; a plain-HTTP remote endpoint
+    keeps botocore's payload signing."""
+    s3_options: dict[str, Any] = {}
+    if endpoint_url:
+        s3_options["addressing_style"] = "path"
+        if is_local_endpoint(endpoint_url):
+            s3_options["payload_signing_enabled"] = False
     config = Config(
         region_name=region,
         retries={"mode": "standard", "total_max_attempts": max_attempts},
         connect_timeout=10,
         read_timeout=120,
         max_pool_connections=max_pool,
-        s3={"addressing_style": "path"} if endpoint_url else None,
+        s3=s3_options or None,
     )
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
 

@@ -1,18 +1,36 @@
 """A completion as one self-contained training sample (one JSONL line).
 
-`to_sample` is the definition; `encode_line` writes it. The sink decodes
-each record once and encodes each line once, with msgspec (no dicts in
-between), which is most of the per-record cost of the sink.
+`to_sample` is the definition: `schemas.TrainingSample` built from a typed
+`Completion`. The sink's hot path reaches the same bytes without decoding
+the bulky parts: `decode_view` reads a completion record with the prompt's
+messages and tools and the reasoning text kept as raw JSON (`msgspec.Raw`),
+and `write_line` encodes the sample straight into the batch's buffer, the
+raw parts copied verbatim. For records written by msgspec (the consumer's
+encoder) the line is byte for byte what `encode_line(to_sample(record))`
+gives; a property test holds the two paths together.
+
+What the fast path does not re-validate (prompt messages and tools, the
+reasoning text's type) was validated by the producer and the consumer, which
+both decode them typed; everything routing looks at is decoded typed here.
 """
 
 from __future__ import annotations
 
-import msgspec
+import re
 
-from schemas import Completion, TrainingSample
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from schemas import Completion, Failure, TrainingSample
+from schemas.completion import SpecStats, Usage
+from schemas.messages import ToolCall
 from schemas.sample import GeneratedTurn
 
 _encoder = msgspec.json.Encoder()
+NULL = b"null"
+
+
+# -- the definition ----------------------------------------------------------------
 
 
 def to_sample(record: Completion) -> TrainingSample:
@@ -39,10 +57,7 @@ def to_sample(record: Completion) -> TrainingSample:
 
 def encode_line(sample: TrainingSample) -> bytes:
     """One JSONL line, newline included."""
-    buffer = bytearray()
-    _encoder.encode_into(sample, buffer)
-    buffer += b"\n"
-    return bytes(buffer)
+    return _encoder.encode(sample) + b"\n"
 
 
 def sample_line(record: Completion) -> bytes:
@@ -54,3 +69,114 @@ _line_decoder = msgspec.json.Decoder(TrainingSample)
 
 def decode_line(line: bytes) -> TrainingSample:
     return _line_decoder.decode(line)
+
+
+# -- the hot path ---------------------------------------------------------------------
+
+
+class PromptView(msgspec.Struct, frozen=True):
+    messages: Raw
+    source: str
+    category: str
+    tools: Raw = Raw(NULL)
+
+
+class CompletionView(msgspec.Struct, frozen=True, tag="completion", tag_field="kind"):
+    """`schemas.Completion` with the bulky parts left as raw JSON."""
+
+    id: str
+    run: str
+    settings_hash: str
+    prompt: PromptView
+    finish_reason: str
+    content: str | None = None
+    reasoning_content: Raw = Raw(NULL)
+    tool_calls: tuple[ToolCall, ...] | None = None
+    usage: Usage = Usage()
+    spec: SpecStats = SpecStats()
+    model: str = ""
+
+
+_view_decoder = msgspec.json.Decoder(CompletionView | Failure)
+
+
+def decode_view(raw: bytes) -> CompletionView | Failure:
+    return _view_decoder.decode(raw)
+
+
+# A JSON string literal that shows a visible ASCII character before any
+# other: escapes, spaces and non-ASCII bytes skipped (never concluded from).
+_VISIBLE = re.compile(rb'"(?:\\u[0-9A-Fa-f]{4}|\\[^u]|[ \x80-\xff])*[\x21\x23-\x5b\x5d-\x7e]')
+_str_or_none = msgspec.json.Decoder(str | None)
+
+
+def is_null(raw: Raw) -> bool:
+    return len(raw) == len(NULL) and bytes(raw) == NULL
+
+
+def raw_text_present(raw: Raw) -> bool:
+    """Exactly `bool(text and text.strip())` for the JSON text `raw`, mostly
+    without decoding it."""
+    if is_null(raw):
+        return False
+    if _VISIBLE.match(raw):
+        return True
+    text = _str_or_none.decode(raw)  # rare: blank, or no ASCII before non-ASCII text
+    return bool(text and text.strip())
+
+
+class _TurnWire(msgspec.Struct, frozen=True, omit_defaults=True):
+    """`schemas.sample.GeneratedTurn` (role omitted as its default)."""
+
+    content: str | UnsetType = UNSET
+    reasoning_content: Raw | UnsetType = UNSET
+    tool_calls: tuple[ToolCall, ...] | UnsetType = UNSET
+
+
+class _SampleWire(msgspec.Struct, frozen=True):
+    """`schemas.TrainingSample`, same fields in the same order, raw parts verbatim."""
+
+    id: str
+    run: str
+    settings_hash: str
+    messages: Raw
+    completion: _TurnWire
+    finish_reason: str
+    source: str
+    category: str
+    usage: Usage
+    spec: SpecStats
+    tools: Raw
+    model: str
+    v: int = 1
+
+
+def write_line(view: CompletionView, buffer: bytearray) -> None:
+    """Append the sample's JSONL line (newline included) to `buffer`."""
+    reasoning = view.reasoning_content
+    wire = _SampleWire(
+        id=view.id,
+        run=view.run,
+        settings_hash=view.settings_hash,
+        messages=view.prompt.messages,
+        completion=_TurnWire(
+            content=UNSET if view.content is None else view.content,
+            reasoning_content=UNSET if is_null(reasoning) else reasoning,
+            tool_calls=UNSET if view.tool_calls is None else view.tool_calls,
+        ),
+        finish_reason=view.finish_reason,
+        source=view.prompt.source,
+        category=view.prompt.category,
+        usage=view.usage,
+        spec=view.spec,
+        tools=view.prompt.tools,
+        model=view.model,
+    )
+    _encoder.encode_into(wire, buffer, -1)
+    buffer += b"\n"
+
+
+def view_line(view: CompletionView) -> bytes:
+    buffer = bytearray()
+    write_line(view, buffer)
+    return bytes(buffer)

@@ -30,6 +30,7 @@ if its uploads are done, start the next -> until-done check.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -41,7 +42,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import KafkaError, TopicPartition
 
-from schemas import Completion, RunSpec, SinkProgress, decode_completion
+from schemas import RunSpec, SinkProgress
 from schemas.progress import sink_key
 from sink import counters, dlq, object_keys, objects, routing, samples
 from sink.batcher import Batch, PartitionBatcher
@@ -145,6 +146,9 @@ class SinkService:
                 # The default 500 ms caps a read_committed backlog at a few
                 # thousand 10 KB records/s; 50 ms costs 20 idle fetches/s.
                 "fetch.wait.max.ms": config.fetch_wait_max_ms,
+                # With 10 KB records the 64 MB prefetch queue fills in ~6,000
+                # records; librdkafka then pauses fetching for up to 1 s by default.
+                "fetch.queue.backoff.ms": 20,
             })
         self._committer = Committer(
             producer=producer, group_metadata=consumer.consumer_group_metadata,
@@ -269,8 +273,8 @@ class SinkService:
         record = self._decode(raw, partition, offset)
         route = routing.dlq_reason(record, self.spec)
         if route is None:
-            assert isinstance(record, Completion)
-            writer.add(offset, line=samples.sample_line(record))
+            assert isinstance(record, samples.CompletionView)
+            writer.add(offset, write=functools.partial(samples.write_line, record))
         else:
             reason, detail = route
             writer.add(offset, dead_letter=dlq.dead_letter(
@@ -284,7 +288,7 @@ class SinkService:
         if raw is None:
             raise invalid("empty record (tombstone) in the completions topic")
         try:
-            record = decode_completion(raw)
+            record = samples.decode_view(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise invalid(f"undecodable completion record: {exc}") from None
         if record.run != self.config.run:
@@ -402,7 +406,7 @@ class SinkService:
                                      batch.first_offset, config.compression)
         same = next((o for o in batch.existing if o.key == key), None)
         if batch.line_count:
-            data = objects.body(batch.lines, config.compression)
+            data = objects.body(batch.body, config.compression)
             started = time.perf_counter()
             uploaded = self._s3.upload(
                 key, data, objects.metadata(batch, run=config.run, topic=self.topic,
@@ -432,6 +436,7 @@ class SinkService:
 
     def _rewind(self, writer: PartitionBatcher, leaving: set[int]) -> None:
         offset = writer.rewind()
+        self._at_eof.discard(writer.partition)
         if offset is not None and writer.partition not in leaving:
             self._consumer.seek(TopicPartition(self.topic, writer.partition, offset))
             log.info("partition rewound to its last committed batch", partition=writer.partition,

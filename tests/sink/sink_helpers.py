@@ -256,15 +256,11 @@ def wait_for(predicate: Any, timeout_s: float = 30.0, what: str = "condition") -
     raise AssertionError(f"{what} not reached in {timeout_s}s")
 
 
-def run_sink_in_process(settings: Settings, spec: RunSpec, *, instance: str = "inproc",
-                        batch_size: int = 500, max_batch_age_s: float = 600.0,
-                        max_batch_bytes: int = 64 * 1024 * 1024, compression: str | None = None,
-                        s3_client: Any = None, timeout_s: float = 60.0,
-                        **config: Any) -> Any:
-    """Run a SinkService with `until_done` in this process (no signal
-    handlers); returns the service. Fails if it does not finish in time."""
-    import threading
-
+def make_service(settings: Settings, spec: RunSpec, *, instance: str = "inproc",
+                 batch_size: int = 500, max_batch_age_s: float = 600.0,
+                 max_batch_bytes: int = 64 * 1024 * 1024, compression: str | None = None,
+                 s3_client: Any = None, service_class: Any = None, **config: Any) -> Any:
+    """A SinkService with `until_done`, short session and done-check intervals."""
     from sink.batcher import BatchLimits
     from sink.config import resolve
     from sink.service import SinkService
@@ -276,23 +272,41 @@ def run_sink_in_process(settings: Settings, spec: RunSpec, *, instance: str = "i
                            max_age_s=max_batch_age_s),
         until_done=True, session_timeout_s=config.pop("session_timeout_s", 6.0),
         done_check_interval_s=config.pop("done_check_interval_s", 0.5), **config)
-    service = SinkService(settings=settings, spec=spec, config=sink_config, s3_client=s3_client)
-    result: dict[str, Any] = {}
+    return (service_class or SinkService)(settings=settings, spec=spec, config=sink_config,
+                                          s3_client=s3_client)
 
-    def target() -> None:
+
+class ServiceThread:
+    """Runs a service's `run()` in a thread (no signal handlers)."""
+
+    def __init__(self, service: Any) -> None:
+        import threading
+
+        self.service = service
+        self.result: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._target, daemon=True)
+        self.thread.start()
+
+    def _target(self) -> None:
         try:
-            result["code"] = service.run()
+            self.result["code"] = self.service.run()
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            result["error"] = exc
+            self.result["error"] = exc
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        service.stop()
-        thread.join(30)
-        raise AssertionError(f"sink did not finish within {timeout_s}s")
-    if "error" in result:
-        raise result["error"]
-    assert result["code"] == 0
-    return service
+    def join(self, timeout_s: float) -> Any:
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.service.stop()
+            self.thread.join(30)
+            raise AssertionError(f"sink did not finish within {timeout_s}s")
+        if "error" in self.result:
+            raise self.result["error"]
+        assert self.result["code"] == 0
+        return self.service
+
+
+def run_sink_in_process(settings: Settings, spec: RunSpec, *, timeout_s: float = 60.0,
+                        **kwargs: Any) -> Any:
+    """Run a SinkService with `until_done` in this process until it exits;
+    returns the service. Fails if it does not finish in time."""
+    return ServiceThread(make_service(settings, spec, **kwargs)).join(timeout_s)

@@ -8,12 +8,18 @@ import signal
 import threading
 import time
 
+import boto3
 import pytest
 
+from sink.service import SinkService
 from tests.sink.sink_helpers import (
+    ServiceThread,
     assert_exactly_once,
+    create_bucket,
     create_run,
     feed,
+    good,
+    make_service,
     make_spec,
     publish_done,
     start_sink,
@@ -112,5 +118,59 @@ def test_a_frozen_instance_wakes_up_after_its_partitions_moved(settings, run_id,
 
     assert wait(procs["b"], 90, logs["b"]) == 0, logs["b"].read_text()[-3000:]
     assert wait(procs["a"], 90, logs["a"]) == 0, logs["a"].read_text()[-3000:]
+    assert_exactly_once(settings, run_id, {r.id for r in records})
+    assert read_run_progress(settings, run_id).persisted == len(records)
+
+
+class _Recording(SinkService):
+    """Notes, for each revoke, whether uploads were in flight when it came,
+    and whether they were committed by the time the partitions were dropped."""
+
+    revokes: list[tuple[list[int], bool, int, int, bool]]
+
+    def _on_revoke(self, consumer, partitions) -> None:  # type: ignore[no-untyped-def]
+        in_flight = self._round is not None
+        committed_before = self.progress.s3_objects
+        super()._on_revoke(consumer, partitions)
+        self.revokes.append((sorted(tp.partition for tp in partitions), in_flight,
+                             committed_before, self.progress.s3_objects,
+                             self._round is not None))
+
+
+def test_revoke_waits_for_the_upload_in_flight_and_commits_it(settings, run_id) -> None:
+    """B joins while A's first upload is slow and in flight: A's revoke
+    callback lets the upload finish and commits it before giving up the
+    partition; nothing is lost or written twice."""
+    spec = make_spec(run_id, partitions=2)
+    create_run(settings, spec)
+    records = [good(spec, i) for i in range(40)]
+    publish_done(settings, run_id, feed(settings, spec, records))
+    create_bucket(settings)
+    uploading = threading.Event()
+    slow = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
+
+    def slow_put(params, **_kwargs) -> None:
+        if not uploading.is_set():
+            uploading.set()
+            time.sleep(4.0)  # B joins and the group rebalances meanwhile
+
+    slow.meta.events.register("before-parameter-build.s3.PutObject", slow_put)
+    a = make_service(settings, spec, instance="a", batch_size=10, max_batch_age_s=1,
+                     s3_client=slow, service_class=_Recording)
+    a.revokes = []
+    first = ServiceThread(a)
+    assert uploading.wait(30)
+    b = make_service(settings, spec, instance="b", batch_size=10, max_batch_age_s=1)
+    second = ServiceThread(b)
+    first.join(90)
+    second.join(90)
+
+    revokes = [r for r in a.revokes if r[0]]
+    assert revokes, "a never gave up a partition"
+    _partitions, in_flight, before, after, still_in_flight = revokes[0]
+    # The slow upload was in flight when the revoke came; it was committed
+    # before the partition was released.
+    assert in_flight and not still_in_flight
+    assert before == 0 and after >= 1
     assert_exactly_once(settings, run_id, {r.id for r in records})
     assert read_run_progress(settings, run_id).persisted == len(records)

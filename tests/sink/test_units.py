@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from schemas import DeadLetter, Failure, SinkProgress, TrainingSample, encode_record
+from schemas import DeadLetter, Failure, Message, SinkProgress, TrainingSample, encode_record
 from schemas.dlq import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON
 from sink import counters, dlq, object_keys, objects
 from sink.batcher import (
@@ -24,7 +24,16 @@ from sink.batcher import (
     PartitionBatcher,
 )
 from sink.config import parse_size, resolve
-from sink.samples import decode_line, encode_line, sample_line, to_sample
+from sink.routing import dlq_reason, facts_of, view_facts
+from sink.samples import (
+    decode_line,
+    decode_view,
+    encode_line,
+    raw_text_present,
+    sample_line,
+    to_sample,
+    view_line,
+)
 from tests.sink.sink_helpers import good, make_spec, variant
 from tokenmill.settings import Settings
 
@@ -111,7 +120,7 @@ def test_rotation_partitions_records_into_contiguous_bounded_batches(
     assert batcher.current is None
     covered = []
     for batch in batcher.sealed:
-        assert batch.records == len(batch.lines) + len(batch.dead_letters)
+        assert batch.records == batch.line_count + len(batch.dead_letters)
         assert batch.bytes == sum(s for o, s in sizes.items()
                                   if batch.first_offset <= o <= batch.last_offset)
         before_last = batch.bytes - sizes[batch.last_offset]
@@ -239,6 +248,45 @@ def test_a_sample_line_is_one_self_contained_json_line(i: int, content, reasonin
     assert encode_line(sample) == line
 
 
+tricky = st.text(alphabet=" \t\n\r\f\v\x00\x1c\x1f\x85\xa0\u2000\u2028\u3000xO.\"\\/é中😀",
+                 max_size=40)
+any_text = st.one_of(st.none(), tricky, st.text(max_size=200))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(text=any_text)
+def test_raw_text_present_is_exactly_strip(text) -> None:
+    raw = msgspec.Raw(msgspec.json.encode(text))
+    assert raw_text_present(raw) == bool(text and text.strip())
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(i=st.integers(0, 10**6), content=any_text, reasoning=any_text,
+       kind=st.sampled_from(["good", "tool_call", "length", "trivial", "empty"]),
+       system=st.one_of(st.none(), st.text(max_size=50)), tokens=st.integers(0, 10**5))
+def test_the_hot_path_writes_the_same_line_and_routes_the_same(i, content, reasoning, kind,
+                                                               system, tokens) -> None:
+    spec = make_spec("r")
+    record = variant(spec, i, kind)
+    messages = record.prompt.messages
+    if system is not None:
+        messages = (Message(role="system", content=system), *messages[1:])
+    record = msgspec.structs.replace(
+        record, content=content, reasoning_content=reasoning,
+        prompt=msgspec.structs.replace(record.prompt, messages=messages),
+        usage=msgspec.structs.replace(record.usage, completion_tokens=tokens))
+    view = decode_view(encode_record(record))
+    assert view_line(view) == sample_line(record)  # type: ignore[arg-type]
+    assert view_facts(view) == facts_of(record)  # type: ignore[arg-type,union-attr]
+    assert dlq_reason(view, spec) == dlq_reason(record, spec)
+    assert decode_line(view_line(view)) == to_sample(record)  # type: ignore[arg-type]
+
+
+def test_failures_decode_typed_on_the_hot_path() -> None:
+    record = variant(make_spec("r"), 2, "failed")
+    assert decode_view(encode_record(record)) == record
+
+
 def test_sample_line_decodes_as_the_published_schema() -> None:
     line = sample_line(good(make_spec("r"), 5))
     assert isinstance(msgspec.json.decode(line, type=TrainingSample), TrainingSample)
@@ -297,9 +345,9 @@ def test_body_and_metadata_describe_the_batch() -> None:
     batcher.add(12, dead_letter=letter())
     batcher.add(13, line=b'{"a":2}\n')
     batch = batcher.sealed[0]
-    plain = objects.body(batch.lines, "none")
+    plain = objects.body(batch.body, "none")
     assert plain == b'{"a":1}\n{"a":2}\n'
-    packed = objects.body(batch.lines, "zstd")
+    packed = objects.body(batch.body, "zstd")
     assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(packed)).read() == plain
     meta = objects.metadata(batch, run="r", topic="t", settings_hash="h")
     assert meta["first-offset"] == "10" and meta["last-offset"] == "13"
