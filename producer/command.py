@@ -70,7 +70,7 @@ def parse_dlq_reasons(value: str | None) -> QAPolicy:
 @click.option("--strict", is_flag=True, help="Stop at the first rejected record (exit 1).")
 @click.option("--dry-run", is_flag=True,
               help="Read and summarize only: no run is created, nothing is published.")
-@click.option("--transaction-records", type=click.IntRange(min=1), default=5000,
+@click.option("--transaction-records", type=click.IntRange(min=1), default=20_000,
               show_default=True, help="Prompts per Kafka transaction at most.")
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="Progress bars on stderr [default: when stderr is a terminal].")

@@ -144,11 +144,8 @@ def decode_error(exc: Exception, data: bytes | dict[str, Any]) -> Reject:
 _new = tuple.__new__  # builds a NamedTuple without its slower keyword-aware __new__
 
 
-def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode, check_nul: bool = True) -> Normalized:
-    """Messages + tools for one record, or a Reject naming the problem.
-
-    `check_nul=False` skips the per-message NUL scan when the caller has
-    already seen there is none in the raw bytes."""
+def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode) -> Normalized:
+    """Messages + tools for one record, or a Reject naming the problem."""
     structured = tool_mode == "structured"
     system = raw.system if raw.system and raw.system.strip() else None
     turns = raw.messages if raw.messages is not None else raw.conversations
@@ -178,10 +175,9 @@ def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode, check_nul: bool = Tr
             raise Reject("unrecognized-format",
                          "no `messages`, `conversations`, `instruction` or `prompt` field")
         if system is None and not _has_tools_field(raw):  # the common case, kept short
-            message = (Message("user", text),)
-            if check_nul:
-                check_messages(message)
-            return _new(Normalized, (message, None, fmt, False, (0,), 1, 1))
+            if "\x00" in text:
+                raise Reject("nul-character", "turn 0 (user) contains a NUL character")
+            return _new(Normalized, ((Message("user", text),), None, fmt, False, (0,), 1, 1))
         conversation = _Conversation(structured)
         if system is not None:
             conversation.system(system)
@@ -193,8 +189,7 @@ def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode, check_nul: bool = Tr
     if conversation.lifted:
         tools = _merge_tools(tools or (), tuple(conversation.lifted))
     messages = conversation.messages
-    if check_nul:
-        check_messages(messages)
+    check_messages(messages)
     n = len(messages)
     first_tool = conversation.first_tool
     first_system = conversation.first_system
@@ -388,7 +383,9 @@ def _merge_tools(first: tuple[Tool, ...], second: tuple[Tool, ...]) -> tuple[Too
 
 
 def check_messages(messages: list[Message]) -> None:
-    """Content problems that would poison a generation request."""
+    """Content problems that would poison a generation request: a NUL
+    character (an escaped \\u0000 is the only way one passes the JSON decoder)."""
     for index, message in enumerate(messages):
-        if message.content and "\x00" in message.content:
+        content = message.content
+        if content and "\x00" in content:  # one character: a memchr, cheap
             raise Reject("nul-character", f"turn {index} ({message.role}) contains a NUL character")

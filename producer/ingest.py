@@ -136,14 +136,11 @@ class _FileState:
                     raw = decode_json(data)
                 except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                     raise decode_error(exc, data) from None  # type: ignore[arg-type]
-                # An escaped NUL is the only way one gets past the JSON decoder:
-                # scan the raw bytes once instead of every message.
-                nul = b"\\u0000" in data  # type: ignore[operator]
             elif data.__class__ is ReadProblem:
                 raise Reject(data.reason, data.detail)  # type: ignore[union-attr]
             else:
-                raw, nul = decode(data), True  # type: ignore[arg-type]
-            normalized = normalize(raw, options.tool_mode, nul)
+                raw = decode(data)  # type: ignore[arg-type]
+            normalized = normalize(raw, options.tool_mode)
             prompts = apply_policy(normalized, options.policy)
         except Reject as exc:
             self.reject(line, exc.reason, exc.detail, data)
@@ -159,17 +156,19 @@ class _FileState:
             if key in seen:
                 stats.duplicates += 1
                 continue
-            payload = records.assemble(
-                pid, self.run_json, messages_json, self.source_json, records.json_string(fmt),
-                self.category_json[cat], line, turn, tools_json)
-            if len(payload) > records.MAX_RECORD_BYTES:
+            pid_bytes = pid.encode()
+            spooled = records.spool_line(
+                pid_bytes, self.run_json, messages_json, self.source_json,
+                records.json_string(fmt), self.category_json[cat], line, turn, tools_json)
+            size = len(spooled) - records.SPOOL_OVERHEAD
+            if size > records.MAX_RECORD_BYTES:
                 where = f" (user turn {turn})" if turn is not None else ""
                 self.reject(line, "too-large",
-                            f"prompt{where} is {len(payload):,} bytes encoded; Kafka takes at "
+                            f"prompt{where} is {size:,} bytes encoded; Kafka takes at "
                             f"most {records.MAX_RECORD_BYTES:,}", data)
                 continue
             seen.add(key)
-            self.writer(cat)(b"%b%b\n" % (pid.encode(), payload))
+            self.writer(cat)(spooled)
             self.counts[self.buckets[cat]] += 1
             stats.prompts += 1
             stats.by_category[cat] += 1

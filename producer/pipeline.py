@@ -56,7 +56,7 @@ class ProduceOptions:
     rejects_path: Path | None = None
     strict: bool = False
     dry_run: bool = False
-    transaction_records: int = 5000
+    transaction_records: int = 20_000
     show_progress: bool | None = None  # None: when stderr is a terminal
 
 

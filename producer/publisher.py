@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
 from producer.errors import ProducerError, ResumeMismatch
 from producer.mixing import partition_sizes, publish_order
@@ -297,11 +298,9 @@ def last_records(settings: Settings, topic: str, partitions: int,
     consumer = kafka_clients.consumer(settings, f"{topic}.tail-reader")
     found: dict[int, tuple[str, int]] = {}
     try:
-        ends: dict[int, tuple[int, int]] = {}
-        for p in range(partitions):
-            low, high = _watermarks(consumer, TopicPartition(topic, p), settings.connect_timeout_s)
-            if high > low:
-                ends[p] = (low, high)
+        ends = {p: (low, high)
+                for p, (low, high) in _watermarks(settings, topic, partitions).items()
+                if high > low}
         window = 64
         pending = dict(ends)
         deadline = time.monotonic() + timeout_s
@@ -333,13 +332,21 @@ def last_records(settings: Settings, topic: str, partitions: int,
     return found
 
 
-def _watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
-    """A just-created topic may not have its leaders yet: retry briefly."""
-    deadline = time.monotonic() + max(timeout_s, 10.0)
+def _watermarks(settings: Settings, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+    """(low, high) of every partition in two batched requests. A just-created
+    topic may not have its leaders yet: retry briefly."""
+    admin = kafka_clients.admin(settings)
+    deadline = time.monotonic() + max(settings.connect_timeout_s, 10.0)
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
-            return int(low), int(high)
+            found: dict[int, list[int]] = {p: [] for p in range(partitions)}
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+                futures = admin.list_offsets(
+                    {TopicPartition(topic, p): spec for p in range(partitions)},
+                    request_timeout=settings.connect_timeout_s)
+                for tp, future in futures.items():
+                    found[tp.partition].append(int(future.result().offset))
+            return {p: (offsets[0], offsets[1]) for p, offsets in found.items()}
         except KafkaException:
             if time.monotonic() > deadline:
                 raise

@@ -74,6 +74,14 @@ def test_assembled_record_equals_a_normally_encoded_one(turn, tool_list) -> None
         records.json_string(record.category), record.line, turn,
         records.encode_tools(tool_list) if tool_list else b"null")
     assert assembled == records.prefix(record)
+    line = records.spool_line(
+        record.id.encode(), records.json_string(record.run), encode_messages(messages),
+        records.json_string(record.source), records.json_string(record.format),
+        records.json_string(record.category), record.line, turn,
+        records.encode_tools(tool_list) if tool_list else b"null")
+    assert line == record.id.encode() + assembled + b"\n"
+    assert len(line) - records.SPOOL_OVERHEAD == len(assembled)
+    assert records.finish_line(line, 5) == (record.id.encode(), records.finish(assembled, 5))
     for seq in (0, 7, 123_456_789):
         assert records.finish(assembled, seq) == msgspec.json.encode(
             msgspec.structs.replace(record, seq=seq))
