@@ -130,7 +130,9 @@ def prepare(plan: BrokerPlan, lib: Path) -> None:
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     result = subprocess.run(
         _java_command(plan, lib, "kafka.tools.StorageTool",
-                      "format", "-t", cluster_id, "-c", str(plan.config_path)),
+                      # "=" form: a base64 id may start with "-", which argparse
+                      # would take for an option.
+                      "format", f"--cluster-id={cluster_id}", "-c", str(plan.config_path)),
         capture_output=True, text=True,
     )
     if result.returncode != 0:
