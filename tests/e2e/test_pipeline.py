@@ -1,0 +1,159 @@
+"""Guarantee 3 end to end: producer -> 3 consumers -> sink, against a real
+broker, an S3 server and simulators with faults, with a consumer and the sink
+killed (-9) and restarted mid-run. The union of S3 lines and DLQ records must
+equal the set of published prompt ids exactly, with no id twice. Checked
+with kafka-python and plain boto3, which share no code with tokenmill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import boto3
+import pytest
+import zstandard
+
+from tests.kafka_helpers import read_all
+from tokenmill.devstack.processes import free_port
+from tokenmill.simulator import SimulatorConfig
+from tokenmill.simulator.runner import SimulatorProcess
+
+pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
+
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up",
+                                         "parameters": {"type": "object", "properties": {
+                                             "word": {"type": "string"}}}}}
+
+
+def write_dataset(directory: Path, n: int) -> list[Path]:
+    openai_path = directory / "chat.jsonl"
+    sharegpt_path = directory / "sharegpt.jsonl"
+    tools_path = directory / "tools.jsonl"
+    with openai_path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Explain idea {i}."}]}) + "\n")
+    with sharegpt_path.open("w") as f:
+        for i in range(n // 4):
+            f.write(json.dumps({"conversations": [
+                {"from": "human", "value": f"Tell me about place {i}."},
+                {"from": "gpt", "value": "It is nice."},
+                {"from": "human", "value": f"And its history {i}?"}]}) + "\n")
+    with tools_path.open("w") as f:
+        for i in range(n // 4):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Define word {i}."}],
+                                "tools": [TOOL]}) + "\n")
+    return [openai_path, sharegpt_path, tools_path]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tokenmill.cli", *args]
+
+
+class Service:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], logs: Path) -> None:
+        self.name, self.args, self.env = name, args, env
+        self.log = logs / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
+                                         env=self.env)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def s3_ids(settings, run_id: str) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
+    ids = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=settings.s3_bucket):
+        for item in page.get("Contents", []):
+            body = s3.get_object(Bucket=settings.s3_bucket, Key=item["Key"])["Body"].read()
+            if item["Key"].endswith(".zst"):
+                body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+            for line in body.splitlines():
+                if line.strip():
+                    ids.append(json.loads(line)["id"])
+    return ids
+
+
+def test_end_to_end_exactly_once_with_crashes(settings, services, run_id, tmp_path) -> None:
+    boto3.client("s3", endpoint_url=settings.s3_endpoint_url,
+                 region_name="us-east-1").create_bucket(Bucket=settings.s3_bucket)
+    env = {**os.environ, "TOKENMILL_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "TOKENMILL_S3_ENDPOINT_URL": settings.s3_endpoint_url,
+           "TOKENMILL_S3_BUCKET": settings.s3_bucket, "TOKENMILL_LOG_FORMAT": "json",
+           "TOKENMILL_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    files = write_dataset(tmp_path, 1200)
+    produced = subprocess.run(cli("produce", *map(str, files), "--run", run_id, "--gpus", "3",
+                                  "--partitions-per-gpu", "2", "--max-tokens", "4096",
+                                  "--no-progress"),
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert produced.returncode == 0, produced.stderr[-3000:]
+
+    # ~2% errors, ~15-18% length-capped at 4096 tokens, ~1% empty answers.
+    faulty = SimulatorConfig(time_scale=3000, decode_rate=60.0, max_running_requests=64,
+                             prefill_rate=0, error_rate=0.02, empty_rate=0.01,
+                             tool_call_parser="qwen25")
+    sims = [SimulatorProcess(faulty, port=free_port()) for _ in range(3)]
+    urls = [sim.start() for sim in sims]
+    consumers = [Service(f"consumer{i}", cli("consume", "--run", run_id, "--sglang-url", url,
+                                             "--instance", f"c{i}", "--until-done",
+                                             "--concurrency", "24", "--commit-interval", "0.5",
+                                             "--session-timeout-ms", "6000", "--max-attempts", "2",
+                                             "--retry-base", "0.05"), env, tmp_path)
+                 for i, url in enumerate(urls)]
+    sink = Service("sink", cli("sink", "--run", run_id, "--instance", "s0", "--until-done",
+                               "--batch-size", "100", "--max-batch-age", "1",
+                               "--session-timeout", "6"), env, tmp_path)
+    try:
+        for service in (*consumers, sink):
+            service.start()
+        time.sleep(6)
+        consumers[1].kill()
+        sink.kill()
+        time.sleep(1)
+        consumers[1].start()
+        sink.start()
+        for service in consumers:
+            assert service.wait(300) == 0, service.tail()
+        assert sink.wait(300) == 0, sink.tail()
+    finally:
+        for service in (*consumers, sink):
+            service.stop()
+        for sim in sims:
+            sim.terminate()
+
+    published = [r.key.decode() for r in
+                 read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.prompts")]
+    assert len(published) == len(set(published)) == 1200 + 300 + 300
+    in_s3 = s3_ids(settings, run_id)
+    dlq = read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.dlq")
+    in_dlq = [json.loads(r.value)["id"] for r in dlq]
+    everything = Counter(in_s3) + Counter(in_dlq)
+    assert [k for k, v in everything.items() if v > 1] == []
+    assert set(everything) == set(published)
+    reasons = Counter(dict(r.headers)["tokenmill.dlq.reason"].decode() for r in dlq)
+    assert reasons["length"] > 0.05 * len(published)
+    assert reasons["empty"] > 0
