@@ -284,3 +284,17 @@ def test_metrics_match_the_traffic(simulator: Callable[..., str]) -> None:
     _, text = http("GET", url + "/metrics")
     assert 'sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B"' in text
     assert "# TYPE sglang:generation_tokens_total counter" in text
+
+
+def test_history_with_assistant_tool_calls_and_tool_results_is_accepted(fast_url) -> None:
+    """Multi-turn tool conversations send earlier tool calls back (SGLang accepts them)."""
+    body = {"model": "m", "max_tokens": 16, "messages": [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 3}"},
+        {"role": "user", "content": "and tomorrow?"}]}
+    status, response = chat(fast_url, body)
+    assert status == 200, response
+    assert response["choices"][0]["finish_reason"] in ("stop", "length")

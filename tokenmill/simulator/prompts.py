@@ -39,7 +39,7 @@ def message_chars(message: Message) -> int:
     else:
         chars = sum(len(part.text) for part in content if part.text)
     if message.tool_calls is not None:
-        chars += len(message.tool_calls)
+        chars += len(msgspec.json.encode(message.tool_calls))
     return chars
 
 

@@ -27,7 +27,7 @@ class Message(msgspec.Struct, kw_only=True):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: msgspec.Raw | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     reasoning_content: str | None = None
 
 
