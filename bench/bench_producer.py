@@ -28,6 +28,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -35,7 +36,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from producer import synthetic  # noqa: E402
+from producer import synthetic
 
 TARGET = 20_000  # prompts/s: the seed's 914K prompts in under a minute
 FILES = {  # file -> kinds it holds
@@ -107,14 +108,11 @@ def pinned_core() -> set[int] | None:
 def run_pinned(argv: list[str], env: dict[str, str], core: set[int] | None,
                log: Path) -> tuple[float, int, int, str]:
     """(wall seconds, peak RSS bytes, exit code, stdout) of a child on one core."""
-    def pin() -> None:
-        if core is not None:
-            os.sched_setaffinity(0, core)
-
     with log.open("wb") as err, tempfile.TemporaryFile() as out:
         start = time.monotonic()
-        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=err,
-                                preexec_fn=pin)
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=err)
+        if core is not None:  # before the child's imports finish and start any thread
+            os.sched_setaffinity(proc.pid, core)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.monotonic() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -140,8 +138,8 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     kafka_clients.ensure_topics(kafka_clients.admin(settings), {topic: partitions})
 
 
-def log_events(log: Path) -> dict[str, dict[str, object]]:
-    events: dict[str, dict[str, object]] = {}
+def log_events(log: Path) -> dict[str, dict[str, Any]]:
+    events: dict[str, dict[str, Any]] = {}
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("{"):
             try:
@@ -189,7 +187,7 @@ def main() -> None:
         baseline = json.loads(b_out.strip().splitlines()[-1])
 
         console.print(f"tokenmill produce on core {core} ...")
-        wall, rss, code, out = run_pinned(
+        wall, rss, code, _ = run_pinned(
             [sys.executable, "-m", "tokenmill.cli", "produce", *map(str, files), "--run", run,
              "--gpus", str(args.gpus), "--no-progress"], env, core, work / "produce.log")
         if code != 0:

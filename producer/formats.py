@@ -199,25 +199,25 @@ def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode) -> Normalized:
 
 
 def _has_tools_field(raw: RawRecord | RawRow) -> bool:
-    if raw.__class__ is RawRow:
+    if isinstance(raw, RawRow):
         return bool(raw.tools or raw.functions)
     tools, functions = raw.tools, raw.functions
-    if not len(tools) and not len(functions):  # type: ignore[arg-type]
+    if not len(tools) and not len(functions):
         return False
-    return any(len(f) and bytes(f) not in (b"null", b"[]", b'""')  # type: ignore[arg-type]
-               for f in (tools, functions))
+    return any(len(f) and bytes(f) not in (b"null", b"[]", b'""') for f in (tools, functions))
 
 
 def _field_tools(raw: RawRecord | RawRow) -> tuple[Tool, ...] | None:
     """The structured `tools` (or legacy `functions`) field, normalized."""
-    if raw.__class__ is RawRecord and not len(raw.tools) and not len(raw.functions):  # type: ignore[arg-type]
-        return None
+    tools: tuple[Tool, ...] | None
     if isinstance(raw, RawRow):
         field = raw.tools if raw.tools is not None else raw.functions
         tools = tooltext.normalize_tool_field(field) if field is not None else ()
     else:
-        field = raw.tools if len(raw.tools) else raw.functions
-        tools = tooltext.tools_from_json(bytes(field)) if len(field) else ()
+        if not len(raw.tools) and not len(raw.functions):
+            return None
+        raw_field = raw.tools if len(raw.tools) else raw.functions
+        tools = tooltext.tools_from_json(bytes(raw_field)) if len(raw_field) else ()
     if tools is None:
         raise Reject("invalid-tools", "`tools` holds an item that is not a function spec")
     return tools or None
@@ -235,8 +235,18 @@ def _role(turn: RawMessage) -> str | None:
 class _Conversation:
     """Accumulates normalized messages and the facts about them in one pass."""
 
-    __slots__ = ("structured", "messages", "users", "first_tool", "first_system", "lifted",
-                 "kind", "tool_text", "pending", "calls")
+    __slots__ = (
+        "calls",
+        "first_system",
+        "first_tool",
+        "kind",
+        "lifted",
+        "messages",
+        "pending",
+        "structured",
+        "tool_text",
+        "users",
+    )
 
     def __init__(self, structured: bool) -> None:
         self.structured = structured

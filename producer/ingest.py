@@ -16,7 +16,7 @@ import msgspec
 
 from producer import records
 from producer.errors import StrictStop
-from producer.formats import decode, decode_error, decode_json, normalize
+from producer.formats import RawRecord, RawRow, decode, decode_error, decode_json, normalize
 from producer.ids import SeenIds, encode_messages, prompt_id
 from producer.inputs import Source
 from producer.multiturn import apply_policy
@@ -29,7 +29,7 @@ from tokenmill.log import get_logger
 
 log = get_logger("tokenmill.producer")
 
-_CATEGORY_INDEX = {c: i for i, c in enumerate(CATEGORIES)}
+_CATEGORY_INDEX: dict[str, int] = {c: i for i, c in enumerate(CATEGORIES)}
 PROGRESS_EVERY = 2048  # records between progress callbacks
 
 
@@ -107,8 +107,8 @@ class _FileState:
         self.spool = spool
         self.run_json = records.json_string(options.run)
         self.source_json = records.json_string(source.name)
-        self.buckets = {c: bucket_of(index, c) for c in CATEGORIES}
-        self.category_json = {c: records.json_string(c) for c in CATEGORIES}
+        self.buckets: dict[str, int] = {c: bucket_of(index, c) for c in CATEGORIES}
+        self.category_json: dict[str, bytes] = {c: records.json_string(c) for c in CATEGORIES}
         self.writers: dict[str, Callable[[bytes], int]] = {}
 
     def writer(self, category: str) -> Callable[[bytes], int]:
@@ -130,16 +130,17 @@ class _FileState:
         stats = self.stats
         stats.records += 1
         options = self.options
+        raw: RawRecord | RawRow
         try:
-            if data.__class__ is bytes:
+            if isinstance(data, bytes):
                 try:
                     raw = decode_json(data)
                 except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    raise decode_error(exc, data) from None  # type: ignore[arg-type]
-            elif data.__class__ is ReadProblem:
-                raise Reject(data.reason, data.detail)  # type: ignore[union-attr]
+                    raise decode_error(exc, data) from None
+            elif isinstance(data, ReadProblem):
+                raise Reject(data.reason, data.detail)
             else:
-                raw = decode(data)  # type: ignore[arg-type]
+                raw = decode(data)
             normalized = normalize(raw, options.tool_mode)
             prompts = apply_policy(normalized, options.policy)
         except Reject as exc:

@@ -36,7 +36,7 @@ from producer.errors import AlreadyRunning, NothingToPublish
 from producer.ingest import IngestOptions, IngestResult, bucket_label, ingest
 from producer.inputs import Source, fingerprint, resolve
 from producer.mixing import partition_sizes
-from producer.publisher import PublishPlan, Publisher
+from producer.publisher import Publisher, PublishPlan
 from producer.rejects import RejectsFile
 from producer.spool import SpoolWriter
 from producer.summary import Summary, print_summary

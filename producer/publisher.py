@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 from confluent_kafka import KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from producer.errors import ProducerError, ResumeMismatch
 from producer.mixing import partition_sizes, publish_order
@@ -192,8 +192,8 @@ class Publisher:
             for partition, bucket in order:
                 line = lines[bucket]()
                 try:
-                    produce(topic, b'%b,"seq":%d,"v":1}' % (memoryview(line)[32:-1], seq),
-                            line[:32], partition)
+                    produce(topic, b'%b,"seq":%d,"v":1}' % (  # see records.finish_line
+                        memoryview(line)[32:-1], seq), line[:32], partition)  # type: ignore[str-format]
                 except BufferError:
                     prompt_key, value = finish_line(line, seq)
                     _produce_when_room(producer, topic, value, prompt_key, partition)
@@ -312,7 +312,7 @@ def last_records(settings: Settings, topic: str, partitions: int,
                 for message in consumer.consume(num_messages=1000, timeout=0.2):
                     if message.error():
                         raise RuntimeError(f"reading {topic}: {message.error()}")
-                    last[message.partition()] = message.value()
+                    last[message.partition() or 0] = message.value() or b""
                 positions = consumer.position([TopicPartition(topic, p) for p in pending])
                 if all(tp.offset >= pending[tp.partition][1] for tp in positions):
                     break
@@ -340,7 +340,7 @@ def _watermarks(settings: Settings, topic: str, partitions: int) -> dict[int, tu
     while True:
         try:
             found: dict[int, list[int]] = {p: [] for p in range(partitions)}
-            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
                 futures = admin.list_offsets(
                     {TopicPartition(topic, p): spec for p in range(partitions)},
                     request_timeout=settings.connect_timeout_s)

@@ -140,13 +140,18 @@ class InputReader:
 
 
 def _decompressed(raw: IO[bytes], kind: str) -> IO[bytes]:
+    """A buffered binary stream of the decompressed bytes (fast `readline`)."""
+    stream: Any
     if kind == "gzip":
-        return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), CHUNK)  # type: ignore[arg-type]
-    if kind == "zstd":
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK,
+        stream = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif kind == "zstd":
+        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK,
                                                            read_across_frames=True)
-        return io.BufferedReader(reader, CHUNK)  # type: ignore[arg-type]
-    return io.BufferedReader(raw, CHUNK) if not isinstance(raw, io.BufferedReader) else raw
+    elif isinstance(raw, io.BufferedReader):
+        return raw
+    else:
+        stream = raw
+    return io.BufferedReader(stream, CHUNK)
 
 
 def _skip_bom_and_space(stream: IO[bytes]) -> bytes:

@@ -77,4 +77,5 @@ def finish(record_prefix: bytes, seq: int) -> bytes:
 
 def finish_line(spool_line: bytes, seq: int) -> tuple[bytes, bytes]:
     """(key, value) from a spool line: id, prefix, newline (see spool.py)."""
-    return spool_line[:32], b'%b,"seq":%d,"v":1}' % (memoryview(spool_line)[32:-1], seq)
+    return spool_line[:32], b'%b,"seq":%d,"v":1}' % (
+        memoryview(spool_line)[32:-1], seq)  # type: ignore[str-format]  # %b takes buffers

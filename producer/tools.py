@@ -26,10 +26,10 @@ import msgspec
 
 from schemas.messages import FunctionCall, Tool, ToolCall
 
-HERMES_TOOLS = re.compile(r"<tools>(.*?)</tools>", re.S)
-AVAILABLE_TOOLS = re.compile(r"Available tools:[ \t]*\n?", re.I)
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-TOOL_RESPONSE = re.compile(r"^\s*<tool_response>\s*(.*?)\s*</tool_response>\s*$", re.S)
+HERMES_TOOLS = re.compile(r"<tools>(.*?)</tools>", re.DOTALL)
+AVAILABLE_TOOLS = re.compile(r"Available tools:[ \t]*\n?", re.IGNORECASE)
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TOOL_RESPONSE = re.compile(r"^\s*<tool_response>\s*(.*?)\s*</tool_response>\s*$", re.DOTALL)
 # Python-literal parsing is a fallback for Hermes' single-quoted dicts; keep
 # it away from huge inputs.
 LITERAL_MAX_CHARS = 1_000_000
@@ -64,16 +64,16 @@ def find_tool_text(system: str) -> ToolText:
                 return ToolText("hermes", None, system)
             return ToolText("hermes", tools, _cut(system, m.start(), m.end()))
     if "vailable tools:" in system or "VAILABLE TOOLS:" in system:
-        m = AVAILABLE_TOOLS.search(system)
-        if m is not None:
-            found = _json_values(system, m.end())
+        marker = AVAILABLE_TOOLS.search(system)
+        if marker is not None:
+            found = _json_values(system, marker.end())
             if found is None:
                 return ToolText("available-tools", None, system)
             values, end = found
             tools = _as_tools(values)
             if tools is None:
                 return ToolText("available-tools", None, system)
-            return ToolText("available-tools", tools, _cut(system, m.start(), end))
+            return ToolText("available-tools", tools, _cut(system, marker.start(), end))
     return ToolText(None, None, system)
 
 

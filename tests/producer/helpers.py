@@ -64,7 +64,8 @@ def cli_args(run_id: str, files: list[Path], *extra: str) -> list[str]:
 def run_cli(settings: Settings, run_id: str, files: list[Path], *extra: str,
             env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cli_args(run_id, files, *extra), env=env or cli_env(settings),
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          check=False)
 
 
 def prompts(settings: Settings, run_id: str, committed_only: bool = True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,5 +63,5 @@ def test_a_small_bucket_is_spread_not_bunched() -> None:
     """One big file and a hundred tiny ones: the tiny ones spread over the partition."""
     order = list(smooth_order([1000] + [1] * 100))
     positions = [t for t, b in enumerate(order) if b != 0]
-    gaps = [b - a for a, b in zip(positions, positions[1:])]
+    gaps = [b - a for a, b in pairwise(positions)]
     assert max(gaps) <= 12 and min(gaps) >= 9

@@ -86,8 +86,8 @@ ALPACA = [
     ("Classify the sentiment of the review as positive, negative or neutral.",
      "The battery lasts two days, but the screen scratches far too easily."),
     ("Summarize the following paragraph in one sentence.",
-     "Kafka stores records in partitioned, replicated logs. Producers append to the end of a "
-     "partition and consumers read at their own pace, tracking their position with offsets."),
+     ("Kafka stores records in partitioned, replicated logs. Producers append to the end of a "
+      "partition and consumers read at their own pace, tracking their position with offsets.")),
     ("Fix the grammar and spelling.", "Their going too the libary tomorow to studie."),
     ("Translate the text into Italian.", "Where is the nearest train station?"),
     ("Extract every person and city named in the text.",
@@ -116,8 +116,8 @@ ALPACA = [
     ("Create a multiple-choice question from the fact.",
      "Mount Everest is 8,849 metres tall."),
     ("Shorten the text to under 20 words.",
-     "We regret to inform you that due to unforeseen circumstances the meeting scheduled "
-     "for Thursday afternoon has been postponed until further notice."),
+     ("We regret to inform you that due to unforeseen circumstances the meeting scheduled "
+      "for Thursday afternoon has been postponed until further notice.")),
     ("Sort the numbers in ascending order.", "42, 7, 19, 3, 88, 23"),
     ("Explain the idiom.", "to bite off more than you can chew"),
     ("Write a unit test for the function.", "def is_even(n): return n % 2 == 0"),
