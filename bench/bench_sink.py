@@ -61,7 +61,7 @@ from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
 TARGET_RPS = 10_000.0
-WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "or", "from", "at", "which", "model", "token", "draft", "accept", "verify", "sequence", "layer", "attention", "cache", "batch", "decode", "however", "therefore", "consider", "suppose", "answer", "function", "value", "result", "first", "second", "let", "us", "check", "whether", "compute", "because", "then", "finally", "step", "number", "list"]
+POOL = 512  # distinct texts per field: objects are not unrealistically compressible
 
 
 @dataclass
@@ -119,33 +119,39 @@ def _cores() -> tuple[set[int], set[int]]:
     return {cores[-1]}, set(cores[:-1])
 
 
+def _vocabulary(rng: random.Random, size: int = 4096) -> list[str]:
+    """Pseudo-words with English-like lengths; random text from them compresses
+    about as well as model output does (zstd ~3-4x)."""
+    letters = "etaoinshrdlcumwfgypbvkjxqz"
+    weights = [12, 9, 8, 8, 7, 7, 6, 6, 6, 4, 4, 3, 3, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1]
+    return ["".join(rng.choices(letters, weights, k=rng.choice((1, 2, 2, 3, 3, 4, 4, 5, 6, 7,
+                                                                  8, 9, 11))))
+            for _ in range(size)]
+
+
 def _text_pool(size: int, chars: int, seed: int) -> list[str]:
     rng = random.Random(seed)
+    vocabulary = _vocabulary(rng)
     pool = []
     for _ in range(size):
-        words: list[str] = []
-        length = 0
-        while length < chars:
-            word = rng.choice(WORDS)
-            words.append(word)
-            length += len(word) + 1
+        words = rng.choices(vocabulary, k=chars // 4)
         pool.append(" ".join(words)[:chars])
     return pool
 
 
 def _records(spec: RunSpec, case: Case):
-    reasoning = _text_pool(64, case.reasoning_chars, 1)
-    content = _text_pool(64, case.content_chars, 2)
+    reasoning = _text_pool(POOL, case.reasoning_chars, 1)
+    content = _text_pool(POOL, case.content_chars, 2)
     for i in range(case.records):
         prompt = PromptRecord(
             id=f"{i:016x}", run=spec.run_id,
             messages=(Message(role="system", content="You are a helpful assistant."),
-                      Message(role="user", content=f"Question {i}: " + content[i % 61][:300])),
+                      Message(role="user", content=f"Question {i}: " + content[i % 509][:300])),
             source="bench.jsonl", format="openai", category="system-prompt", line=i + 1, seq=i)
         yield Completion(
             id=prompt.id, run=spec.run_id, settings_hash=spec.settings_hash, prompt=prompt,
-            finish_reason="stop", content=f"{i} " + content[i % 64],
-            reasoning_content=f"{i} " + reasoning[(i * 7) % 64],
+            finish_reason="stop", content=f"{i} " + content[i % POOL],
+            reasoning_content=f"{i} " + reasoning[(i * 7) % POOL],
             usage=Usage(prompt_tokens=80, completion_tokens=2400, reasoning_tokens=1700),
             spec=SpecStats(accept_length=3.1, verify_ct=770), model="bench", latency_s=30.0)
 

@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from sink import objects
 from sink.batcher import ExistingObject
-from sink.errors import BucketMissing, ObjectConflict
+from sink.errors import BucketMissing, ObjectConflict, S3Failed
 from tokenmill.log import get_logger
 
 log = get_logger("tokenmill.sink.s3")
@@ -117,7 +117,7 @@ class S3Writer:
             return False
         except ClientError as exc:
             if _code(exc) not in MISSING_CODES and _status(exc) != 404:
-                raise
+                raise S3Failed(f"cannot use s3 bucket {self.bucket!r}: {exc}") from None
         if not create:
             raise BucketMissing(
                 f"s3 bucket {self.bucket!r} does not exist; create it, or pass --create-bucket")

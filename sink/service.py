@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from confluent_kafka import KafkaError, TopicPartition
+from botocore.exceptions import BotoCoreError, ClientError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from schemas import RunSpec, SinkProgress
 from schemas.progress import sink_key
@@ -48,7 +49,13 @@ from sink import counters, dlq, object_keys, objects, routing, samples
 from sink.batcher import Batch, PartitionBatcher
 from sink.committer import Committer
 from sink.config import SinkConfig
-from sink.errors import CommitAborted, InvalidRecord, ObjectConflict
+from sink.errors import (
+    CommitAborted,
+    InvalidRecord,
+    KafkaFailed,
+    ObjectConflict,
+    S3Failed,
+)
 from sink.metrics import SinkMetrics
 from sink.s3_writer import S3Writer, Uploaded, make_client
 from tokenmill import kafka_clients, topics
@@ -165,6 +172,11 @@ class SinkService:
                                         thread_name_prefix="sink-upload")
         try:
             self._loop()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else exc
+            hint = (f"; is another sink running with --instance {config.instance}?"
+                    if "fenced" in str(error).lower() else "")
+            raise KafkaFailed(f"kafka: {error}{hint}") from exc
         finally:
             self._pool.shutdown(wait=True)
             consumer.close()
@@ -250,8 +262,8 @@ class SinkService:
             if error.code() == KafkaError._PARTITION_EOF:
                 self._at_eof.add(partition)
                 return
-            if error.fatal():
-                raise RuntimeError(f"consumer error: {error}")
+            if error.fatal() or error.code() == KafkaError._FATAL:
+                raise KafkaException(error)
             log.warning("consumer error", error=str(error))
             return
         writer = self.writers.get(partition)
@@ -400,6 +412,13 @@ class SinkService:
 
     def _upload(self, batch: Batch) -> Uploaded | None:
         """Write the batch's object (None for a batch of DLQ records only)."""
+        try:
+            return self._write_object(batch)
+        except (BotoCoreError, ClientError) as exc:
+            raise S3Failed(f"s3 write for partition {batch.partition} at offset "
+                           f"{batch.first_offset} failed after retries: {exc}") from exc
+
+    def _write_object(self, batch: Batch) -> Uploaded | None:
         assert self._s3 is not None
         config = self.config
         key = object_keys.object_key(config.prefix, config.run, batch.partition,

@@ -174,3 +174,24 @@ def test_revoke_waits_for_the_upload_in_flight_and_commits_it(settings, run_id) 
     assert before == 0 and after >= 1
     assert_exactly_once(settings, run_id, {r.id for r in records})
     assert read_run_progress(settings, run_id).persisted == len(records)
+
+
+def test_a_second_process_with_the_same_instance_fences_the_first(settings, run_id,
+                                                                    tmp_path) -> None:
+    """Two sinks started with the same --instance (e.g. both defaulting to the
+    host name): the newer one fences the older, which stops with a clear
+    error; the newer one finishes the run alone, exactly once."""
+    spec = make_spec(run_id, partitions=2)
+    create_run(settings, spec)
+    records = _records(spec, 200)
+    feed(settings, spec, records[:100])
+    logs = {name: tmp_path / f"{name}.log" for name in ("old", "new")}
+    old = start_sink(settings, run_id, *ARGS, "--instance", "same", log_path=logs["old"])
+    wait_for(lambda: _committed_by(settings, run_id, "same"), 60, "the first one's commits")
+    new = start_sink(settings, run_id, *ARGS, "--instance", "same", log_path=logs["new"])
+    assert wait(old, 60, logs["old"]) == 1
+    assert "another sink running with --instance same" in logs["old"].read_text()
+    feed(settings, spec, records[100:])
+    publish_done(settings, run_id, len(records))
+    assert wait(new, 90, logs["new"]) == 0, logs["new"].read_text()[-3000:]
+    assert_exactly_once(settings, run_id, {r.id for r in records})
