@@ -135,6 +135,8 @@ class Worker:
             previous = decode_progress(raw)
             if isinstance(previous, ConsumerProgress):
                 self._progress = previous
+        if not self._progress.started_at:
+            self._progress = msgspec.structs.replace(self._progress, started_at=time.time())
         extra: dict[str, Any] = {
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": self.config.session_timeout_ms,
@@ -382,8 +384,7 @@ class Worker:
         retries = sum(state.retries for state, _, _ in batch)
         new_progress = msgspec.structs.replace(
             counters.add_records(self._progress, all_records, retries),
-            concurrency_limit=self.limit, in_flight=self.in_flight,
-            started_at=self._progress.started_at or time.time())
+            concurrency_limit=self.limit, in_flight=self.in_flight)
         producer = self._producer
         started = time.monotonic()
         producer.begin_transaction()

@@ -244,7 +244,7 @@ def _report(s: dict, saved: dict[str, int], output: Path, elapsed: float, keep: 
         table.add_row(f"  DLQ {reason}", f"{count:,}")
     lost = s["published"] - s["s3_records"] - s["dlq_records"]
     table.add_row("lost or duplicated", f"{lost:,}" if lost else "0 (S3 + DLQ = published)")
-    table.add_row("output tokens", f"{int(s['tokens_per_s'] * s['elapsed_s']):,}")
+    table.add_row("output tokens", f"{s['completion_tokens']:,}")
     table.add_row("throughput", f"{s['requests_per_s']:.1f} req/s, {s['tokens_per_s']:,.0f} tok/s")
     accept = s["accept_length"]
     table.add_row("speculative accept length", f"{accept:.2f}" if accept else "-")

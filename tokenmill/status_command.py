@@ -79,6 +79,7 @@ def summarize(spec: RunSpec, state: RunProgress, now: float | None = None) -> di
         "publishing_done": state.publishing_done,
         "generated": generated,
         "completions": completions,
+        "completion_tokens": completion_tokens,
         "failures": int(state.consumer_total("failures")),
         "failures_by_kind": dict(state.consumer_counter("failures_by_kind")),
         "persisted": state.persisted,
