@@ -133,7 +133,6 @@ class SinkService:
         self._s3 = S3Writer(client=client, bucket=config.bucket,
                             conditional_writes=config.conditional_writes)
         self._s3.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
-        metrics_server = self.metrics.serve(config.metrics_port) if config.metrics_port else None
 
         producer = kafka_clients.transactional_producer(self.settings, config.transactional_id)
         # Fences an earlier incarnation and aborts its open transaction, so the
@@ -166,11 +165,14 @@ class SinkService:
                  batch_size=config.limits.max_records, max_batch_bytes=config.limits.max_bytes,
                  max_batch_age_s=config.limits.max_age_s, s3_records=self.progress.s3_records,
                  dlq_records=self.progress.dlq_records)
-        consumer.subscribe([self.topic], on_assign=self._on_assign,
-                           on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._pool = ThreadPoolExecutor(max_workers=config.upload_concurrency,
                                         thread_name_prefix="sink-upload")
+        metrics_server = None
         try:
+            if config.metrics_port:
+                metrics_server = self.metrics.serve(config.metrics_port)
+            consumer.subscribe([self.topic], on_assign=self._on_assign,
+                               on_revoke=self._on_revoke, on_lost=self._on_lost)
             self._loop()
         except KafkaException as exc:
             error = exc.args[0] if exc.args else exc
@@ -179,6 +181,9 @@ class SinkService:
             raise KafkaFailed(f"kafka: {error}{hint}") from exc
         finally:
             self._pool.shutdown(wait=True)
+            # After a failure, a round still here is abandoned, not committed
+            # by the revoke that close() runs: the next owner replays it.
+            self._round = None
             consumer.close()
             producer.flush(5)
             if metrics_server is not None:
