@@ -183,19 +183,25 @@ def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode) -> Normalized:
             conversation.system(system)
         conversation.user(text)
 
-    tools = _field_tools(raw)
+    tools = _field_tools(raw) if _maybe_tools_field(raw) else None
     if conversation.kind is not None:
         fmt = conversation.kind
     if conversation.lifted:
         tools = _merge_tools(tools or (), tuple(conversation.lifted))
     messages = conversation.messages
-    check_messages(messages)
     n = len(messages)
     first_tool = conversation.first_tool
     first_system = conversation.first_system
     return _new(Normalized, (tuple(messages), tools or None, fmt, conversation.tool_text,
                              tuple(conversation.users), n if first_tool is None else first_tool,
                              n if first_system is None else first_system))
+
+
+def _maybe_tools_field(raw: RawRecord | RawRow) -> bool:
+    """Cheap first check: is there a `tools` or `functions` field at all?"""
+    if isinstance(raw, RawRecord):
+        return bool(len(raw.tools) or len(raw.functions))
+    return raw.tools is not None or raw.functions is not None
 
 
 def _has_tools_field(raw: RawRecord | RawRow) -> bool:
@@ -261,12 +267,16 @@ class _Conversation:
         self.calls = 0  # tool calls so far, for generated ids
 
     def user(self, content: str) -> None:
+        if "\x00" in content:
+            raise Reject("nul-character", "the prompt contains a NUL character")
         self.users.append(len(self.messages))
         self.messages.append(Message("user", content))
 
     def system(self, content: str | None, name: str | None = None) -> None:
         """A system prompt; tool specs written in it are found (and lifted in
         structured mode, dropping the message if nothing else is left)."""
+        if content and "\x00" in content:
+            raise Reject("nul-character", "the system prompt contains a NUL character")
         if content and ("<tools>" in content or "ools:" in content or "OOLS:" in content):
             found = tooltext.find_tool_text(content)
             if found.kind is not None:
@@ -300,8 +310,11 @@ class _Conversation:
                 if raw_role is None:
                     raise Reject("unknown-role", f"turn {index} has no `role` or `from`")
             role = roles.get(raw_role) or roles.get(raw_role.lower())
-            if content is not None and content.__class__ is not str:
-                content = _content(content, index, role or raw_role)
+            if content is not None:
+                if content.__class__ is not str:
+                    content = _content(content, index, role or raw_role)
+                if content and "\x00" in content:  # one character: a memchr, cheap
+                    raise Reject("nul-character", f"turn {index} contains a NUL character")
             if role == "user":
                 if content is None:
                     raise Reject("empty-message", f"turn {index} (user) has no content")
@@ -390,12 +403,3 @@ def _merge_tools(first: tuple[Tool, ...], second: tuple[Tool, ...]) -> tuple[Too
             seen.add(name)
             merged.append(tool)
     return tuple(merged)
-
-
-def check_messages(messages: list[Message]) -> None:
-    """Content problems that would poison a generation request: a NUL
-    character (an escaped \\u0000 is the only way one passes the JSON decoder)."""
-    for index, message in enumerate(messages):
-        content = message.content
-        if content and "\x00" in content:  # one character: a memchr, cheap
-            raise Reject("nul-character", f"turn {index} ({message.role}) contains a NUL character")

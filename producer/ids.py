@@ -25,14 +25,15 @@ def encode_messages(messages: tuple[Message, ...]) -> bytes:
 
 
 def prompt_id(messages_json: bytes, tools: tuple[Tool, ...] | None) -> tuple[str, int]:
-    """(id, dedupe key): sha256 of the encoded messages, plus a newline and the
-    tools with sorted keys when there are tools; the id is 32 hex chars, the
-    key its first 8 bytes as an int."""
+    """(id, dedupe key): the id is the first 32 hex chars of the sha256 of the
+    encoded messages (plus a newline and the tools with sorted keys when there
+    are tools); the key is the id's 64-bit hash, enough to tell a million ids
+    apart within this process."""
     digest = hashlib.sha256(messages_json)
     if tools:
         digest.update(b"\n" + _tools_encoder.encode(tools))
-    raw = digest.digest()
-    return raw[:16].hex(), int.from_bytes(raw[:8], "big")
+    pid = digest.hexdigest()[:32]
+    return pid, hash(pid)
 
 
 class SeenIds(set[int]):

@@ -75,11 +75,13 @@ def ingest(sources: list[Source], options: IngestOptions, spool: SpoolWriter,
         stats = summary.sources[index]
         reader = InputReader(source.path)
         state = _FileState(source, index, stats, summary, options, rejects, counts, seen, spool)
+        record = state.record
         for line, data in reader:
-            state.record(line, data)
+            record(line, data)
             records_read += 1
-            if progress is not None and records_read % PROGRESS_EVERY == 0:
+            if progress is not None and not records_read % PROGRESS_EVERY:
                 progress(bytes_before + reader.position, records_read)
+        state.finish()
         bytes_before += reader.size
         if progress is not None:
             progress(bytes_before, records_read)
@@ -151,15 +153,15 @@ class _FileState:
         tools = normalized.tools
         tools_json = records.encode_tools(tools) if tools else b"null"
         seen = self.seen
+        counts = self.counts
         for messages, turn, cat, user_turns in prompts:
             messages_json = encode_messages(messages)
             pid, key = prompt_id(messages_json, tools)
             if key in seen:
                 stats.duplicates += 1
                 continue
-            pid_bytes = pid.encode()
             spooled = records.spool_line(
-                pid_bytes, self.run_json, messages_json, self.source_json,
+                pid.encode(), self.run_json, messages_json, self.source_json,
                 records.json_string(fmt), self.category_json[cat], line, turn, tools_json)
             size = len(spooled) - records.SPOOL_OVERHEAD
             if size > records.MAX_RECORD_BYTES:
@@ -169,9 +171,15 @@ class _FileState:
                             f"most {records.MAX_RECORD_BYTES:,}", data)
                 continue
             seen.add(key)
-            self.writer(cat)(spooled)
-            self.counts[self.buckets[cat]] += 1
-            stats.prompts += 1
-            stats.by_category[cat] += 1
+            (self.writers.get(cat) or self.writer(cat))(spooled)
+            counts[self.buckets[cat]] += 1
             if user_turns > 1:
                 stats.several_user_turns += 1
+
+    def finish(self) -> None:
+        """Per-category prompt counts come from the bucket counts."""
+        for cat in CATEGORIES:
+            n = self.counts[self.buckets[cat]]
+            if n:
+                self.stats.by_category[cat] = n
+        self.stats.prompts = sum(self.stats.by_category.values())

@@ -40,10 +40,16 @@ def apply_policy(conversation: Normalized, policy: MultiTurnPolicy) -> list[Prom
         raise Reject("no-user-turn", "no user turn: nothing to generate")
     has_tools = bool(tools) or tool_text
     last = users[-1]
-    if policy == "last-user":
+    if policy == "last-user":  # the default, kept short: category() inlined
         kept = messages if last == len(messages) - 1 else messages[: last + 1]
-        prompts = [_new(Prompt, (kept, None, category(has_tools, first_tool < last, len(users),
-                                                      first_system < last), len(users)))]
+        count = len(users)
+        cat: Category = ("tools" if has_tools or first_tool < last else
+                         "multi-turn" if count > 1 else
+                         "system-prompt" if first_system < last else "plain")
+        content = kept[-1].content
+        if not content or content.isspace():
+            raise Reject("empty-prompt", "the last user turn is empty")
+        return [_new(Prompt, (kept, None, cat, count))]
     elif policy == "per-user-turn":
         prompts = [_new(Prompt, (messages[: pos + 1], turn,
                                  category(has_tools, first_tool < pos, turn + 1,

@@ -96,13 +96,20 @@ def run_producer(settings: Settings, options: ProduceOptions, out: Console | Non
     run_id = options.spec.run_id
     directory = state_dir(settings, run_id)
     with run_lock(directory):
+        started = time.monotonic()
         spec = _with_inputs(options.spec, sources)
+        log.info("inputs fingerprinted", files=len(sources),
+                 bytes=sum(f.size for f in spec.inputs),
+                 seconds=round(time.monotonic() - started, 2))
         registry = RunRegistry(settings)
         publisher: Publisher | None = None
         try:
             if not options.dry_run:
+                started = time.monotonic()
                 publisher = Publisher(settings, run_id)
                 done = _prepare(registry, publisher, spec)
+                log.info("producer fenced", run=run_id,
+                         seconds=round(time.monotonic() - started, 2))
                 if done is not None:
                     out.print(f"run {run_id} is already fully published: {done:,} prompts in "
                               f"{topics.prompts_topic(run_id)}; nothing to publish (0 published)")
@@ -122,7 +129,10 @@ def run_producer(settings: Settings, options: ProduceOptions, out: Console | Non
                 return Outcome(spec, result.total, 0, summary=result.summary,
                                rejects_path=rejects.path if rejects.count else None)
             assert publisher is not None
+            started = time.monotonic()
             registry.create_run(spec)
+            log.info("run created", run=run_id, partitions=spec.partitions,
+                     seconds=round(time.monotonic() - started, 2))
             published, done = _pass_two(publisher, spec, result, directory, options, out, err)
             return Outcome(spec, result.total, published, already_done=done,
                            summary=result.summary,
@@ -159,12 +169,12 @@ class _RateColumn(ProgressColumn):
         records = task.fields.get("records", task.completed)
         elapsed = task.elapsed or 0.0
         rate = records / elapsed if elapsed > 0 else 0.0
-        return Text(f"{records:>10,} rec {rate:>8,.0f} rec/s", style="progress.data.speed")
+        return Text(f"{records:>9,} {rate:>7,.0f}/s", style="progress.data.speed")
 
 
 def _progress(console: Console, enabled: bool | None) -> Progress:
     return Progress(
-        TextColumn("[bold]{task.description:<10}"), BarColumn(), TaskProgressColumn(),
+        TextColumn("[bold]{task.description:<10}"), BarColumn(bar_width=24), TaskProgressColumn(),
         _RateColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
         console=console, disable=not (console.is_terminal if enabled is None else enabled),
     )
@@ -203,7 +213,10 @@ def _pass_two(publisher: Publisher, spec: RunSpec, result: IngestResult, directo
     plan = PublishPlan(run=spec.run_id, topic=topic, partitions=spec.partitions,
                        bucket_counts=result.bucket_counts, spool_dir=directory / "spool",
                        max_records=options.transaction_records)
+    started = time.monotonic()
     resume = publisher.resume_point(plan)
+    log.info("resume point read", run=spec.run_id, next_seq=resume.next_seq,
+             seconds=round(time.monotonic() - started, 2))
     if resume.next_seq >= plan.total:
         out.print(f"run {spec.run_id} is already fully published: {plan.total:,} prompts in "
                   f"{topic}; nothing to publish (0 published)")
@@ -225,7 +238,9 @@ def _pass_two(publisher: Publisher, spec: RunSpec, result: IngestResult, directo
     out.print(f"published {published:,} prompts to {topic} in {seconds:.1f}s "
               f"({published / max(seconds, 1e-9):,.0f}/s); {plan.total:,} in all over "
               f"{plan.partitions} partitions ({min(sizes):,}-{max(sizes):,} each)")
+    started = time.monotonic()
     shutil.rmtree(directory / "spool", ignore_errors=True)
+    log.debug("spool removed", seconds=round(time.monotonic() - started, 2))
     return published, False
 
 

@@ -97,25 +97,20 @@ class InputReader:
             return 0
 
     def __iter__(self) -> Iterator[tuple[int, Record]]:
-        try:
-            if self.kind == "parquet":
-                yield from self._parquet()
-            else:
-                yield from self._text()
-        except InputError:
-            raise
-        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
-            raise InputError(f"cannot read {self.path} ({self.kind}): {exc}") from None
+        return self._parquet() if self.kind == "parquet" else self._text()
 
     def _text(self) -> Iterator[tuple[int, Record]]:
-        with self.path.open("rb") as raw:
-            self._raw = raw
-            stream = _decompressed(raw, self.kind)
-            head = _skip_bom_and_space(stream)
-            if head == b"[":
-                yield from split_json_array(stream)
-            else:
-                yield from split_lines(stream)
+        try:
+            with self.path.open("rb") as raw:
+                self._raw = raw
+                stream = _decompressed(raw, self.kind)
+                head = _skip_bom_and_space(stream)
+                if head == b"[":
+                    yield from split_json_array(stream)
+                else:
+                    yield from split_lines(stream)
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError) as exc:
+            raise InputError(f"cannot read {self.path} ({self.kind}): {exc}") from None
 
     def _parquet(self) -> Iterator[tuple[int, Record]]:
         try:

@@ -18,7 +18,7 @@ from schemas.prompt import Category
 CATEGORIES: tuple[Category, ...] = ("plain", "system-prompt", "multi-turn", "tools")
 
 
-@dataclass
+@dataclass(slots=True)
 class SourceStats:
     name: str
     records: int = 0  # records read from the file (blank lines not counted)

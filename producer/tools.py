@@ -214,8 +214,8 @@ def parse_call(text: str, call_id: str) -> ToolCall | None:
     text = text.strip()
     value: Any
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError:
         value = _literal(text)
     if isinstance(value, dict) and "function" in value and isinstance(value["function"], dict):
         value = value["function"]
@@ -227,12 +227,16 @@ def parse_call(text: str, call_id: str) -> ToolCall | None:
 
 
 def arguments_text(arguments: Any) -> str:
-    """OpenAI carries arguments as JSON text; datasets often store a dict."""
+    """OpenAI carries arguments as JSON text; datasets often store a dict.
+    Written the way `json.dumps` writes it (", " and ": "), as OpenAI does."""
     if isinstance(arguments, str):
         return arguments
     if arguments is None:
         return "{}"
-    return json.dumps(arguments, ensure_ascii=False)
+    try:
+        return msgspec.json.format(msgspec.json.encode(arguments), indent=0).decode()
+    except (TypeError, msgspec.EncodeError):
+        return json.dumps(arguments, ensure_ascii=False, default=str)
 
 
 def strip_tool_response(content: str) -> str:
