@@ -27,13 +27,14 @@ def encode_messages(messages: tuple[Message, ...]) -> bytes:
 def prompt_id(messages_json: bytes, tools: tuple[Tool, ...] | None) -> tuple[str, int]:
     """(id, dedupe key): the id is the first 32 hex chars of the sha256 of the
     encoded messages (plus a newline and the tools with sorted keys when there
-    are tools); the key is the id's 64-bit hash, enough to tell a million ids
-    apart within this process."""
+    are tools); the key is its first 64 bits as an int, so which prompts count
+    as duplicates is the same on every run (a resumed run must rebuild the same
+    publish order)."""
     digest = hashlib.sha256(messages_json)
     if tools:
         digest.update(b"\n" + _tools_encoder.encode(tools))
     pid = digest.hexdigest()[:32]
-    return pid, hash(pid)
+    return pid, int(pid[:16], 16)
 
 
 class SeenIds(set[int]):

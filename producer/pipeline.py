@@ -140,6 +140,9 @@ def run_producer(settings: Settings, options: ProduceOptions, out: Console | Non
         finally:
             if publisher is not None:
                 publisher.close()
+            # The spool is a cache of pass 1, rebuilt by every run (a kill -9
+            # leaves it for the next run to overwrite).
+            shutil.rmtree(directory / "spool", ignore_errors=True)
 
 
 def _with_inputs(spec: RunSpec, sources: list[Source]) -> RunSpec:
@@ -238,9 +241,6 @@ def _pass_two(publisher: Publisher, spec: RunSpec, result: IngestResult, directo
     out.print(f"published {published:,} prompts to {topic} in {seconds:.1f}s "
               f"({published / max(seconds, 1e-9):,.0f}/s); {plan.total:,} in all over "
               f"{plan.partitions} partitions ({min(sizes):,}-{max(sizes):,} each)")
-    started = time.monotonic()
-    shutil.rmtree(directory / "spool", ignore_errors=True)
-    log.debug("spool removed", seconds=round(time.monotonic() - started, 2))
     return published, False
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from producer.errors import ProducerError, ResumeMismatch
@@ -166,6 +166,8 @@ class Publisher:
             order = publish_order(plan.bucket_counts, plan.partitions)
             _skip(order, readers, resume)
             return self._publish_from(plan, resume.next_seq, order, readers, progress)
+        except KafkaException as exc:
+            raise ProducerError(_failure(plan.run, exc.args[0])) from None
         finally:
             for reader in readers.values():
                 reader.close()
@@ -232,15 +234,25 @@ class Publisher:
                     continue
                 if error.txn_requires_abort():
                     self._producer.abort_transaction(TXN_TIMEOUT_S)
-                raise ProducerError(
-                    f"run {plan.run}: committing prompts up to seq {seq:,} failed ({error}); "
-                    "nothing of that transaction is visible. Run the same command again: "
-                    "it resumes after the last committed transaction.") from None
+                raise ProducerError(_failure(plan.run, error)) from None
 
     def close(self) -> None:
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
+
+
+def _failure(run: str, error: Any) -> str:
+    """Why publishing stopped, and what to do; nothing uncommitted is visible."""
+    code = error.code() if hasattr(error, "code") else None
+    if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                KafkaError.INVALID_PRODUCER_EPOCH):
+        return (f"run {run}: another producer with the same transactional id "
+                f"({transactional_id(run)}) took over, so this one stopped; its uncommitted "
+                "prompts are discarded and the other one continues from the last commit")
+    return (f"run {run}: publishing stopped ({error}); the open transaction is not visible "
+            "to anyone. Run the same command again: it resumes after the last committed "
+            "transaction.")
 
 
 def _produce_when_room(producer: Producer, topic: str, value: bytes, key: bytes,

@@ -95,3 +95,34 @@ def test_kill_9_while_publishing_then_rerun(settings, run_id, tmp_path: Path) ->
     assert resumed.returncode == 0, resumed.stderr
     assert f"{committed:,} of {total:,} prompts already committed" in resumed.stdout
     assert_exactly_once(settings, run_id, total)
+
+
+def test_a_second_producer_fences_the_first(settings, run_id, tmp_path: Path) -> None:
+    """Two producers of one run (say, a hung one and its replacement): the
+    newer one fences the older, whose transaction never becomes visible."""
+    from producer.errors import ProducerError
+    from producer.ingest import IngestOptions, ingest
+    from producer.inputs import resolve
+    from producer.publisher import Publisher, PublishPlan
+    from producer.rejects import RejectsFile
+    from producer.spool import SpoolWriter
+    from tests.producer.helpers import spec_for
+    from tokenmill.registry import RunRegistry
+
+    path = _dataset(tmp_path, 500)
+    spool = SpoolWriter(tmp_path / "spool")
+    result = ingest(resolve([path]), IngestOptions(run_id, "last-user", "structured"), spool,
+                    RejectsFile(tmp_path / "rejects.jsonl"))
+    spool.close()
+    RunRegistry(settings).create_run(spec_for(settings, run_id))
+    plan = PublishPlan(run=run_id, topic=topics.prompts_topic(run_id), partitions=4,
+                       bucket_counts=result.bucket_counts, spool_dir=tmp_path / "spool",
+                       max_records=100)
+    old, new = Publisher(settings, run_id), Publisher(settings, run_id)
+    old.fence()
+    new.fence()
+    with pytest.raises(ProducerError, match="took over"):
+        old.publish(plan, old.resume_point(plan))
+    assert new.publish(plan, new.resume_point(plan)) == 500
+    new.close()
+    assert_exactly_once(settings, run_id, 500)
