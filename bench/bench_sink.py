@@ -55,7 +55,7 @@ from schemas import (
 from schemas.progress import producer_key
 from sink.batcher import BatchLimits
 from sink.config import resolve
-from sink.service import SinkService
+from sink.service import SinkService, tune_gc
 from tokenmill import kafka_clients, topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
@@ -231,6 +231,7 @@ def _run_sink(settings: Settings, spec: RunSpec, args: argparse.Namespace,
         until_done=True, done_check_interval_s=0.2, upload_concurrency=args.upload_concurrency,
         environ={})
     service = _TimedSink(settings=settings, spec=spec, config=config)
+    tune_gc()  # as `tokenmill sink` does
     if profile:
         profile.enable()
     code = service.run()

@@ -83,9 +83,9 @@ class Batch:
     started_at: float
     last_offset: int = -1
     records: int = 0
-    # The object's JSONL lines, appended in place (no per-line bytes objects).
-    body: bytearray = field(default_factory=bytearray)
-    line_count: int = 0
+    # The object's JSONL lines, newline included; joined once, at upload.
+    lines: list[bytes] = field(default_factory=list)
+    line_bytes: int = 0
     dead_letters: list[DeadLetterOut] = field(default_factory=list)
     dlq_bytes: int = 0
     # Objects an earlier owner wrote for this batch's key (see module doc).
@@ -93,12 +93,12 @@ class Batch:
     sealed_by: str | None = None
 
     @property
-    def line_bytes(self) -> int:
-        return len(self.body)
+    def line_count(self) -> int:
+        return len(self.lines)
 
     @property
     def bytes(self) -> int:
-        return len(self.body) + self.dlq_bytes
+        return self.line_bytes + self.dlq_bytes
 
     @property
     def pinned_to(self) -> int | None:
@@ -183,12 +183,11 @@ class PartitionBatcher:
         self.needs_probe = False
 
     def add(self, offset: int, *, line: bytes | None = None,
-            write: Callable[[bytearray], object] | None = None,
             dead_letter: DeadLetterOut | None = None) -> str | None:
-        """Add one record: an S3 line (`line`, or `write`, which appends it to
-        the batch body) or a DLQ record. Returns the name of the predicate
-        that sealed the batch, if one fired."""
-        if sum(x is not None for x in (line, write, dead_letter)) != 1:
+        """Add one record: an S3 line (JSONL, newline included) or a DLQ
+        record. Returns the name of the predicate that sealed the batch, if
+        one fired."""
+        if (line is None) == (dead_letter is None):
             raise ValueError("a record is either an S3 line or a dead letter")
         if self._last_offset is not None and offset <= self._last_offset:
             raise OffsetOrderError(
@@ -203,11 +202,8 @@ class PartitionBatcher:
         batch.last_offset = offset
         batch.records += 1
         if line is not None:
-            batch.body += line
-            batch.line_count += 1
-        elif write is not None:
-            write(batch.body)
-            batch.line_count += 1
+            batch.lines.append(line)
+            batch.line_bytes += len(line)
         else:
             assert dead_letter is not None
             batch.dead_letters.append(dead_letter)

@@ -10,7 +10,7 @@ import click
 from sink.batcher import BatchLimits
 from sink.config import parse_size, resolve
 from sink.errors import SinkError
-from sink.service import SinkService
+from sink.service import SinkService, tune_gc
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
@@ -75,4 +75,5 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
         upload_concurrency=upload_concurrency, conditional_writes=conditional_writes)
     service = SinkService(settings=settings, spec=spec, config=config)
     service.install_signal_handlers()
+    tune_gc()
     sys.exit(service.run())

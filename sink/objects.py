@@ -20,10 +20,11 @@ ZSTD_LEVEL = 3
 FORMAT = "tokenmill.training-sample.jsonl/v1"
 
 
-def body(data: bytes | bytearray, compression: Compression) -> bytes:
+def body(lines: list[bytes], compression: Compression) -> bytes:
+    data = b"".join(lines)
     if compression == "zstd":
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
-    return bytes(data)
+    return data
 
 
 def metadata(batch: Batch, *, run: str, topic: str, settings_hash: str) -> dict[str, str]:

@@ -74,14 +74,17 @@ def decode_line(line: bytes) -> TrainingSample:
 # -- the hot path ---------------------------------------------------------------------
 
 
-class PromptView(msgspec.Struct, frozen=True):
+# gc=False: these never take part in reference cycles, and untracked objects
+# keep the collector out of the hot path.
+class PromptView(msgspec.Struct, frozen=True, gc=False):
     messages: Raw
     source: str
     category: str
     tools: Raw = Raw(NULL)
 
 
-class CompletionView(msgspec.Struct, frozen=True, tag="completion", tag_field="kind"):
+class CompletionView(msgspec.Struct, frozen=True, gc=False, tag="completion",
+                     tag_field="kind"):
     """`schemas.Completion` with the bulky parts left as raw JSON."""
 
     id: str
@@ -125,7 +128,7 @@ def raw_text_present(raw: Raw) -> bool:
     return bool(text and text.strip())
 
 
-class _TurnWire(msgspec.Struct, frozen=True, omit_defaults=True):
+class _TurnWire(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """`schemas.sample.GeneratedTurn` (role omitted as its default)."""
 
     content: str | UnsetType = UNSET
@@ -133,7 +136,7 @@ class _TurnWire(msgspec.Struct, frozen=True, omit_defaults=True):
     tool_calls: tuple[ToolCall, ...] | UnsetType = UNSET
 
 
-class _SampleWire(msgspec.Struct, frozen=True):
+class _SampleWire(msgspec.Struct, frozen=True, gc=False):
     """`schemas.TrainingSample`, same fields in the same order, raw parts verbatim."""
 
     id: str
@@ -151,32 +154,31 @@ class _SampleWire(msgspec.Struct, frozen=True):
     v: int = 1
 
 
+def _wire(view: CompletionView) -> _SampleWire:
+    reasoning = view.reasoning_content
+    prompt = view.prompt
+    return _SampleWire(
+        view.id, view.run, view.settings_hash, prompt.messages,
+        _TurnWire(UNSET if view.content is None else view.content,
+                  UNSET if is_null(reasoning) else reasoning,
+                  UNSET if view.tool_calls is None else view.tool_calls),
+        view.finish_reason, prompt.source, prompt.category, view.usage, view.spec, prompt.tools,
+        view.model,
+    )
+
+
 def write_line(view: CompletionView, buffer: bytearray) -> None:
     """Append the sample's JSONL line (newline included) to `buffer`."""
-    reasoning = view.reasoning_content
-    wire = _SampleWire(
-        id=view.id,
-        run=view.run,
-        settings_hash=view.settings_hash,
-        messages=view.prompt.messages,
-        completion=_TurnWire(
-            content=UNSET if view.content is None else view.content,
-            reasoning_content=UNSET if is_null(reasoning) else reasoning,
-            tool_calls=UNSET if view.tool_calls is None else view.tool_calls,
-        ),
-        finish_reason=view.finish_reason,
-        source=view.prompt.source,
-        category=view.prompt.category,
-        usage=view.usage,
-        spec=view.spec,
-        tools=view.prompt.tools,
-        model=view.model,
-    )
-    _encoder.encode_into(wire, buffer, -1)
+    _encoder.encode_into(_wire(view), buffer, -1)
     buffer += b"\n"
 
 
+_scratch = bytearray()
+
+
 def view_line(view: CompletionView) -> bytes:
-    buffer = bytearray()
-    write_line(view, buffer)
-    return bytes(buffer)
+    """The sample's JSONL line (newline included). Encodes into a reused
+    buffer, so one copy per line; call from one thread only (the consumer's)."""
+    _encoder.encode_into(_wire(view), _scratch, 0)
+    _scratch.append(10)
+    return bytes(_scratch)

@@ -345,9 +345,9 @@ def test_body_and_metadata_describe_the_batch() -> None:
     batcher.add(12, dead_letter=letter())
     batcher.add(13, line=b'{"a":2}\n')
     batch = batcher.sealed[0]
-    plain = objects.body(batch.body, "none")
+    plain = objects.body(batch.lines, "none")
     assert plain == b'{"a":1}\n{"a":2}\n'
-    packed = objects.body(batch.body, "zstd")
+    packed = objects.body(batch.lines, "zstd")
     assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(packed)).read() == plain
     meta = objects.metadata(batch, run="r", topic="t", settings_hash="h")
     assert meta["first-offset"] == "10" and meta["last-offset"] == "13"
