@@ -173,12 +173,21 @@ def write_line(view: CompletionView, buffer: bytearray) -> None:
     buffer += b"\n"
 
 
-_scratch = bytearray()
+class LineEncoder:
+    """Encodes sample lines into a reused buffer: one copy per line, no
+    buffer growth after the first few. One per thread (the consumer's)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def line(self, view: CompletionView) -> bytes:
+        """The sample's JSONL line, newline included."""
+        _encoder.encode_into(_wire(view), self._buffer, 0)
+        self._buffer.append(10)
+        return bytes(self._buffer)
 
 
 def view_line(view: CompletionView) -> bytes:
-    """The sample's JSONL line (newline included). Encodes into a reused
-    buffer, so one copy per line; call from one thread only (the consumer's)."""
-    _encoder.encode_into(_wire(view), _scratch, 0)
-    _scratch.append(10)
-    return bytes(_scratch)
+    buffer = bytearray()
+    write_line(view, buffer)
+    return bytes(buffer)

@@ -117,6 +117,7 @@ class SinkService:
         self._s3: S3Writer | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._round: Round | None = None
+        self._lines = samples.LineEncoder()
         self.progress = SinkProgress(run=spec.run_id, instance=config.instance)
 
     # -- lifecycle -----------------------------------------------------------
@@ -300,7 +301,7 @@ class SinkService:
         route = routing.dlq_reason(record, self.spec)
         if route is None:
             assert isinstance(record, samples.CompletionView)
-            writer.add(offset, line=samples.view_line(record))
+            writer.add(offset, line=self._lines.line(record))
         else:
             reason, detail = route
             writer.add(offset, dead_letter=dlq.dead_letter(

@@ -26,6 +26,7 @@ from sink.batcher import (
 from sink.config import parse_size, resolve
 from sink.routing import dlq_reason, facts_of, view_facts
 from sink.samples import (
+    LineEncoder,
     decode_line,
     decode_view,
     encode_line,
@@ -277,6 +278,8 @@ def test_the_hot_path_writes_the_same_line_and_routes_the_same(i, content, reaso
         usage=msgspec.structs.replace(record.usage, completion_tokens=tokens))
     view = decode_view(encode_record(record))
     assert view_line(view) == sample_line(record)  # type: ignore[arg-type]
+    encoder = LineEncoder()
+    assert encoder.line(view) == encoder.line(view) == view_line(view)
     assert view_facts(view) == facts_of(record)  # type: ignore[arg-type,union-attr]
     assert dlq_reason(view, spec) == dlq_reason(record, spec)
     assert decode_line(view_line(view)) == to_sample(record)  # type: ignore[arg-type]
