@@ -186,8 +186,9 @@ def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode) -> Normalized:
     tools = _field_tools(raw) if _maybe_tools_field(raw) else None
     if conversation.kind is not None:
         fmt = conversation.kind
-    if conversation.lifted:
-        tools = _merge_tools(tools or (), tuple(conversation.lifted))
+    lifted = getattr(conversation, "lifted", None)
+    if lifted:
+        tools = _merge_tools(tools or (), tuple(lifted))
     messages = conversation.messages
     n = len(messages)
     first_tool = conversation.first_tool
@@ -241,30 +242,19 @@ def _role(turn: RawMessage) -> str | None:
 class _Conversation:
     """Accumulates normalized messages and the facts about them in one pass."""
 
-    __slots__ = (
-        "calls",
-        "first_system",
-        "first_tool",
-        "kind",
-        "lifted",
-        "messages",
-        "pending",
-        "structured",
-        "tool_text",
-        "users",
-    )
+    # Rarely set: class-level defaults, so creating one per record stays cheap.
+    first_tool: int | None = None
+    first_system: int | None = None
+    kind: str | None = None  # "hermes" / "available-tools" when found
+    tool_text = False
+    calls = 0  # tool calls so far, for generated ids
+    lifted: list[Tool]  # tool specs lifted out of system prompts (set when first found)
+    pending: list[str]  # ids of calls not yet answered, oldest first (set on first call)
 
     def __init__(self, structured: bool) -> None:
         self.structured = structured
         self.messages: list[Message] = []
         self.users: list[int] = []
-        self.first_tool: int | None = None
-        self.first_system: int | None = None
-        self.lifted: list[Tool] = []  # tool specs lifted out of system prompts
-        self.kind: str | None = None  # "hermes" / "available-tools" when found
-        self.tool_text = False
-        self.pending: list[str] = []  # ids of calls not yet answered, oldest first
-        self.calls = 0  # tool calls so far, for generated ids
 
     def user(self, content: str) -> None:
         if "\x00" in content:
@@ -282,7 +272,7 @@ class _Conversation:
             if found.kind is not None:
                 self.kind = self.kind or found.kind
                 if self.structured and found.tools is not None:
-                    self.lifted.extend(found.tools)
+                    self.lifted = [*getattr(self, "lifted", ()), *found.tools]
                     content = found.remaining
                     if not content:
                         return
@@ -294,12 +284,17 @@ class _Conversation:
 
     def turns(self, turns: list[RawMessage]) -> None:
         """Map roles, contents and tool calls; tool results are linked to the
-        call they answer (in order) when the dataset gives no id."""
+        call they answer (in order) when the dataset gives no id.
+
+        Turns after the last user turn (the answer to regenerate) are never
+        part of any prompt, so only their roles are checked: their content is
+        neither converted nor scanned."""
         messages = self.messages
         append = messages.append
         users = self.users
         structured = self.structured
         roles = ROLES
+        turns = turns[: _last_user(turns) + 1]
         for index, turn in enumerate(turns):
             raw_role = turn.from_
             if raw_role is not None:
@@ -346,7 +341,7 @@ class _Conversation:
                 raise Reject("unknown-role", f"turn {index} has unknown role {raw_role!r}")
 
     def tool(self, content: str | None, tool_call_id: str | None, name: str | None) -> None:
-        pending = self.pending
+        pending = getattr(self, "pending", [])
         if tool_call_id is None and pending:
             tool_call_id = pending[0]
         if tool_call_id in pending:
@@ -361,7 +356,23 @@ class _Conversation:
         if self.first_tool is None:
             self.first_tool = len(self.messages)
         self.calls += len(calls)
-        self.pending.extend(call.id for call in calls)
+        self.pending = [*getattr(self, "pending", ()), *(call.id for call in calls)]
+
+
+def _last_user(turns: list[RawMessage]) -> int:
+    """Index of the last user turn (-1 if none, then every turn is kept so the
+    policy can say what is missing); roles after it are checked here."""
+    for index in range(len(turns) - 1, -1, -1):
+        turn = turns[index]
+        raw_role = turn.from_ if turn.from_ is not None else turn.role
+        if raw_role is None:
+            raise Reject("unknown-role", f"turn {index} has no `role` or `from`")
+        role = ROLES.get(raw_role) or ROLES.get(raw_role.lower())
+        if role == "user":
+            return index
+        if role is None:
+            raise Reject("unknown-role", f"turn {index} has unknown role {raw_role!r}")
+    return len(turns) - 1
 
 
 def _content(value: Any, index: int, role: str) -> str | None:

@@ -54,10 +54,12 @@ def test_sharegpt_all_roles_in_order() -> None:
 def test_sharegpt_with_top_level_system_and_tools_string() -> None:
     """LLaMA-Factory style: `system` and `tools` (a JSON string) beside the turns."""
     n = norm({"system": "You help.", "tools": json.dumps([STOCK_FN]),
-              "conversations": [{"from": "human", "value": "AAPL?"}, {"from": "gpt", "value": "1"}]})
+              "conversations": [{"from": "human", "value": "AAPL?"}, {"from": "gpt", "value": "1"},
+                                {"from": "human", "value": "MSFT?"}]})
     assert n.messages == (Message(role="system", content="You help."),
                           Message(role="user", content="AAPL?"),
-                          Message(role="assistant", content="1"))
+                          Message(role="assistant", content="1"),
+                          Message(role="user", content="MSFT?"))
     assert n.tools == ({"type": "function", "function": STOCK_FN},)
 
 
@@ -71,6 +73,7 @@ def test_openai_chat_with_tool_calls_and_tool_results() -> None:
         {"role": "tool", "tool_call_id": "a", "content": "20C"},
         {"role": "tool", "tool_call_id": "b", "content": "18C"},
         {"role": "assistant", "content": "Rome 20C, Paris 18C."},
+        {"role": "user", "content": "And Oslo?"},
     ]})
     assert n.format == "openai"
     assert n.messages == (
@@ -82,7 +85,18 @@ def test_openai_chat_with_tool_calls_and_tool_results() -> None:
         Message(role="tool", content="20C", tool_call_id="a"),
         Message(role="tool", content="18C", tool_call_id="b"),
         Message(role="assistant", content="Rome 20C, Paris 18C."),
+        Message(role="user", content="And Oslo?"),
     )
+
+
+def test_turns_after_the_last_user_turn_are_checked_but_not_converted() -> None:
+    """No policy ever sends the final answer: it is not converted or scanned
+    (a NUL in it does not cost the prompt), but its role must still be known."""
+    n = norm({"conversations": [{"from": "human", "value": "hi"},
+                                {"from": "gpt", "value": "bad \u0000 answer"}]})
+    assert n.messages == (Message(role="user", content="hi"),)
+    assert rejected({"conversations": [{"from": "human", "value": "hi"},
+                                       {"from": "robot", "value": "x"}]}).reason == "unknown-role"
 
 
 def test_raw_openai_request_body_keeps_tools_and_ignores_sampling_fields() -> None:
