@@ -261,7 +261,8 @@ class SinkService:
             if now >= next_lag:
                 self._update_lag()
                 next_lag = now + LAG_INTERVAL_S
-            if config.until_done and now >= next_done_check and self._all_at_eof():
+            if (config.until_done and now >= next_done_check and self._round is None
+                    and self._all_at_eof()):
                 if self._check_done():
                     return
                 next_done_check = self.clock() + config.done_check_interval_s
