@@ -16,7 +16,7 @@ import zstandard
 from sink.batcher import Batch, ExistingObject
 from sink.object_keys import Compression
 
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 1  # throughput first: ~3x faster than level 3 here, ~7% bigger
 FORMAT = "tokenmill.training-sample.jsonl/v1"
 
 
