@@ -137,18 +137,25 @@ class Publisher:
                 f"all, these inputs give {plan.total:,}; the publish order changed (a different "
                 f"tokenmill version?), so resuming would duplicate prompts. Use a new run id.")
         committed = checkpoint.next_seq if checkpoint is not None else 0
-        if committed != from_topic:
+        if committed > from_topic:
             raise ResumeMismatch(
                 f"run {plan.run}: the checkpoint says {committed:,} prompts are published but "
-                f"{plan.topic} ends at seq {from_topic:,}; refusing to guess. Use a new run id.")
-        expected = {p: s for p, s in _last_seqs(from_topic, plan.partitions).items()}
+                f"{plan.topic} ends at seq {from_topic:,} (was the topic deleted?); refusing "
+                "to guess. Use a new run id.")
+        if committed < from_topic:
+            # A read_committed view of the shared progress topic can lag (another
+            # service's open transaction holds it back); this run's own topic
+            # cannot, and its newer checkpoint is committed with those records.
+            log.warning("checkpoint view behind the prompts topic; resuming from the topic",
+                        run=plan.run, checkpoint=committed, topic=from_topic)
+        expected = _last_seqs(from_topic, plan.partitions)
         found = {p: seq for p, (_, seq) in tails.items()}
         if found != expected:
             raise ResumeMismatch(
                 f"run {plan.run}: the last prompt of each partition of {plan.topic} does not "
                 f"follow this run's publish order (found seqs {found}, expected {expected}).")
-        if checkpoint is not None and tuple(checkpoint.per_partition) != tuple(
-                partition_sizes(from_topic, plan.partitions)):
+        if committed == from_topic and checkpoint is not None and tuple(
+                checkpoint.per_partition) != tuple(partition_sizes(from_topic, plan.partitions)):
             raise ResumeMismatch(
                 f"run {plan.run}: the checkpoint's per-partition counts "
                 f"{list(checkpoint.per_partition)} do not match round-robin publishing.")

@@ -126,3 +126,29 @@ def test_a_second_producer_fences_the_first(settings, run_id, tmp_path: Path) ->
     assert new.publish(plan, new.resume_point(plan)) == 500
     new.close()
     assert_exactly_once(settings, run_id, 500)
+
+
+def test_resume_trusts_the_topic_over_a_lagging_checkpoint_view(
+        settings, run_id, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read_committed view of the shared progress topic can lag; the run's
+    own prompts topic cannot. Behind: resume from the topic. Ahead (records
+    gone): refuse rather than guess."""
+    import producer.publisher as publisher_module
+    from producer.errors import ResumeMismatch
+    from tests.producer.helpers import produce
+
+    path = _dataset(tmp_path, 300)
+    first, _ = produce(settings, run_id, [path])
+    assert first.published == 300
+
+    monkeypatch.setattr(publisher_module, "read_producer_checkpoint", lambda *_: None)
+    again, printed = produce(settings, run_id, [path])
+    assert again.published == 0 and "nothing to publish" in printed
+
+    from schemas.progress import ProducerCheckpoint
+
+    ahead = ProducerCheckpoint(run=run_id, next_seq=400, total=300)
+    monkeypatch.setattr(publisher_module, "read_producer_checkpoint", lambda *_: ahead)
+    with pytest.raises(ResumeMismatch, match="refusing"):
+        produce(settings, run_id, [path])
+    assert_exactly_once(settings, run_id, 300)
