@@ -1,8 +1,9 @@
 """A dead-letter record on `tokenmill.<run>.dlq`.
 
-The value is the completion record exactly as read from `.completions`; the
-reason and the source position travel in headers (the way Kafka Connect's
-DLQ does) and, for readers that ignore headers, in this envelope's fields.
+The value is this envelope around the completion record as read from
+`.completions`; the reason and the source position travel in headers (the way
+Kafka Connect's DLQ does) and, for readers that ignore headers, in the
+envelope's fields.
 """
 
 from __future__ import annotations
