@@ -213,9 +213,17 @@ def _pass_two(publisher: Publisher, spec: RunSpec, result: IngestResult, directo
               options: ProduceOptions, out: Console, err: Console) -> tuple[int, bool]:
     """(published now, already done before)."""
     topic = topics.prompts_topic(spec.run_id)
+    summary = result.summary
+    by_category: dict[str, int] = {}
+    for source in summary.sources:
+        for category, n in source.by_category.items():
+            by_category[category] = by_category.get(category, 0) + n
     plan = PublishPlan(run=spec.run_id, topic=topic, partitions=spec.partitions,
                        bucket_counts=result.bucket_counts, spool_dir=directory / "spool",
-                       max_records=options.transaction_records)
+                       max_records=options.transaction_records,
+                       by_category=dict(sorted(by_category.items())),
+                       by_source={s.name: s.prompts for s in summary.sources},
+                       rejected=summary.rejected, duplicates=summary.duplicates)
     started = time.monotonic()
     resume = publisher.resume_point(plan)
     log.info("resume point read", run=spec.run_id, next_seq=resume.next_seq,

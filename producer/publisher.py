@@ -74,6 +74,12 @@ class PublishPlan:
     max_records: int = 20_000
     max_bytes: int = 32 * 1024 * 1024
     max_seconds: float = 1.0
+    # What the whole run is made of, repeated in every checkpoint for
+    # `tokenmill status` ("are we using the whole dataset?").
+    by_category: dict[str, int] = field(default_factory=dict)
+    by_source: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0
+    duplicates: int = 0
 
     @property
     def total(self) -> int:
@@ -214,7 +220,9 @@ class Publisher:
                     break
             checkpoint = ProducerCheckpoint(
                 run=plan.run, next_seq=seq, total=total, done=seq == total,
-                per_partition=tuple(partition_sizes(seq, partitions)), updated_at=time.time())
+                per_partition=tuple(partition_sizes(seq, partitions)), updated_at=time.time(),
+                by_category=plan.by_category, by_source=plan.by_source,
+                rejected=plan.rejected, duplicates=plan.duplicates)
             producer.produce(topics.PROGRESS_TOPIC, msgspec.json.encode(checkpoint), key)
             if self._kill_after is not None and transactions >= self._kill_after:
                 producer.flush(30)  # the records reach the broker, uncommitted

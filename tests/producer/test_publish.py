@@ -104,6 +104,11 @@ def test_a_finished_run_publishes_nothing_again_and_says_so(
     again, printed = produce(settings, run_id, [plain, tools])
     assert first.published == 1100
     assert again.published == 0 and again.already_done
+    cp = checkpoint(settings, run_id)
+    assert cp is not None
+    assert cp["by_category"] == {"plain": 1000, "tools": 100}
+    assert cp["by_source"] == {"plain.jsonl": 1000, "tools.jsonl": 100}
+    assert cp["rejected"] == 0 and cp["duplicates"] == 0
     assert "nothing to publish (0 published)" in printed
     assert_exactly_once(settings, run_id, 1100)
 
