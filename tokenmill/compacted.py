@@ -1,10 +1,11 @@
 """Read a compacted, single-partition topic to its end as a key -> value map.
 
 Used for the run registry and the progress topic. Reads `read_committed`, so
-values written inside aborted transactions never count. "The end" is the high
-watermark when reading starts; the consumer position moves past transaction
-markers, so reaching it needs no offset counting. Transactions still open
-below it are waited for (they end within the transaction timeout).
+values written inside aborted transactions never count. "The end" is the last
+stable offset when reading starts: everything below it is decided, and a
+transaction still open (say, of a worker killed mid-commit) never makes a
+reader wait. The consumer position moves past transaction markers, so reaching
+the end needs no offset counting.
 """
 
 from __future__ import annotations
@@ -12,27 +13,30 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from tokenmill import kafka_clients
 from tokenmill.settings import Settings
 
-WAIT_FOR_OPEN_TRANSACTIONS_S = 90.0
+READ_TIMEOUT_S = 60.0
 
 
 def read_to_end(
     settings: Settings, topic: str, keep: Callable[[str], bool] | None = None
 ) -> dict[str, bytes]:
-    consumer = kafka_clients.consumer(settings, "tokenmill.compacted-reader")
+    tp = TopicPartition(topic, 0)
+    end = last_stable_offset(kafka_clients.admin(settings), tp, settings.connect_timeout_s)
     values: dict[str, bytes] = {}
+    if end <= 0:
+        return values
+    consumer = kafka_clients.consumer(settings, "tokenmill.compacted-reader")
     try:
-        tp = TopicPartition(topic, 0)
-        low, high = _watermarks(consumer, tp, settings.connect_timeout_s)
-        if high <= low:
-            return values
-        consumer.assign([TopicPartition(topic, 0, low)])
-        deadline = time.monotonic() + WAIT_FOR_OPEN_TRANSACTIONS_S
-        while True:
+        consumer.assign([TopicPartition(topic, 0, -2)])  # OFFSET_BEGINNING
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while _position(consumer, tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} to offset {end} in {READ_TIMEOUT_S}s")
             for message in consumer.consume(num_messages=1000, timeout=0.2):
                 if message.error():
                     raise RuntimeError(f"reading {topic}: {message.error()}")
@@ -44,22 +48,26 @@ def read_to_end(
                     values.pop(key, None)
                 else:
                     values[key] = value
-            if consumer.position([tp])[0].offset >= high:
-                return values
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to offset {high}: a transaction "
-                                   f"stayed open for {WAIT_FOR_OPEN_TRANSACTIONS_S:.0f}s")
     finally:
         consumer.close()
+    return values
 
 
-def _watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
-    """A just-created topic may not have a leader yet: retry briefly."""
+def _position(consumer: Consumer, tp: TopicPartition) -> int:
+    offset = consumer.position([tp])[0].offset
+    return offset if offset >= 0 else -1
+
+
+def last_stable_offset(admin: AdminClient, tp: TopicPartition, timeout_s: float) -> int:
+    """The read_committed end of a partition. A just-created topic may not
+    have a leader yet: retry briefly."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
-            return int(low), int(high)
+            futures = admin.list_offsets({tp: OffsetSpec.latest()},
+                                         isolation_level=IsolationLevel.READ_COMMITTED,
+                                         request_timeout=timeout_s)
+            return int(futures[tp].result().offset)
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
