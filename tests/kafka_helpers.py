@@ -49,11 +49,18 @@ def read_all(bootstrap: str, topic: str, *, committed_only: bool = True,
 
 
 def _partitions(consumer: KafkaConsumer, topic: str) -> set[int]:
-    for _ in range(50):
-        found = consumer.partitions_for_topic(topic)
-        if found:
-            return set(found)
-        time.sleep(0.1)
+    """Every partition of the topic, from the broker's topic description
+    (client metadata can arrive partial for a topic just created)."""
+    admin = KafkaAdminClient(bootstrap_servers=consumer.config["bootstrap_servers"])
+    try:
+        for _ in range(50):
+            described = admin.describe_topics([topic])
+            partitions = {p["partition_index"] for d in described for p in d.get("partitions", [])}
+            if partitions and not any(d.get("error_code") for d in described):
+                return partitions
+            time.sleep(0.1)
+    finally:
+        admin.close()
     raise LookupError(f"topic {topic} not found")
 
 
