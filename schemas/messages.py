@@ -14,7 +14,9 @@ class FunctionCall(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     arguments: str  # JSON text, as the OpenAI API carries it
 
 
-class ToolCall(msgspec.Struct, frozen=True, omit_defaults=True):
+class ToolCall(msgspec.Struct, frozen=True):
+    """Always encodes `type` and `id`: OpenAI-compatible servers require them."""
+
     function: FunctionCall
     id: str = ""
     type: str = "function"
