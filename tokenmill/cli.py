@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "consume": "consumer.command:consume",
     "sink": "sink.command:sink",
     "status": "tokenmill.status_command:status",
+    "spot-check": "tokenmill.spot_check:spot_check",
     "demo": "tokenmill.demo:demo",
 }
 
