@@ -64,7 +64,6 @@ def setup_run(settings: Settings, n: int, partitions: int, max_tokens: int) -> R
     spec = RunSpec(run_id=run_id, partitions=partitions,
                    generation=GenerationSettings(model="sim", max_tokens=max_tokens))
     RunRegistry(settings).create_run(spec)
-    progress.ensure_topic(settings)
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers,
                          "transactional.id": f"bench.{run_id}", "linger.ms": 20})
     producer.init_transactions(30)
@@ -73,7 +72,7 @@ def setup_run(settings: Settings, n: int, partitions: int, max_tokens: int) -> R
         producer.produce(topics.prompts_topic(run_id), key=prompt.id.encode(),
                          value=msgspec.json.encode(prompt), partition=prompt.seq % partitions)
         producer.poll(0)
-    producer.produce(topics.PROGRESS_TOPIC, key=producer_key(run_id).encode(),
+    producer.produce(topics.progress_topic(run_id), key=producer_key(run_id).encode(),
                      value=msgspec.json.encode(ProducerCheckpoint(run=run_id, next_seq=n, total=n,
                                                                   done=True)))
     producer.commit_transaction(60)

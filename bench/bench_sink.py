@@ -180,7 +180,7 @@ def _feed(settings: Settings, spec: RunSpec, case: Case) -> float:
     checkpoint = ProducerCheckpoint(run=spec.run_id, next_seq=case.records, total=case.records,
                                     done=True)
     plain = kafka_clients.producer(settings)
-    plain.produce(topics.PROGRESS_TOPIC, key=producer_key(spec.run_id).encode(),
+    plain.produce(topics.progress_topic(spec.run_id), key=producer_key(spec.run_id).encode(),
                   value=encode_record(checkpoint))
     plain.flush(30)
     return total / case.records

@@ -393,7 +393,7 @@ class Worker:
                 for record in records:
                     self._produce(self.completions_topic, record.id.encode(),
                                   encode_record(record), state.partition)
-            self._produce(topics.PROGRESS_TOPIC, self.progress_key.encode(),
+            self._produce(topics.progress_topic(self.run_id), self.progress_key.encode(),
                           msgspec.json.encode(new_progress), None)
             offsets = [TopicPartition(self.prompts_topic, state.partition, commit)
                        for state, _, commit in batch]

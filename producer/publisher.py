@@ -120,7 +120,7 @@ class Publisher:
         """Become the only producer of this run; aborts a dead predecessor's
         open transaction so committed reads are not held back by it."""
         kafka_clients.check_broker(self._settings)
-        ensure_topic(self._settings)
+        ensure_topic(self._settings, self._run)
         self._producer = kafka_clients.transactional_producer(
             self._settings, transactional_id(self._run), PRODUCER_CONFIG)
         try:
@@ -223,7 +223,7 @@ class Publisher:
                 per_partition=tuple(partition_sizes(seq, partitions)), updated_at=time.time(),
                 by_category=plan.by_category, by_source=plan.by_source,
                 rejected=plan.rejected, duplicates=plan.duplicates)
-            producer.produce(topics.PROGRESS_TOPIC, msgspec.json.encode(checkpoint), key)
+            producer.produce(topics.progress_topic(plan.run), msgspec.json.encode(checkpoint), key)
             if self._kill_after is not None and transactions >= self._kill_after:
                 producer.flush(30)  # the records reach the broker, uncommitted
                 log.warning("fault injection: exiting mid-transaction", seq=seq)

@@ -1,5 +1,5 @@
 """Exact progress, committed in the same Kafka transaction as the work it
-counts, in the compacted topic `tokenmill.progress`.
+counts, in the compacted topic `tokenmill.<run>.progress` (one per run).
 
 Offsets cannot be counted (transaction markers take slots) and reading a
 million completions to count them is too slow, so every service keeps

@@ -148,7 +148,7 @@ class SinkService:
         # Fences an earlier incarnation and aborts its open transaction, so the
         # progress value read next is final.
         producer.init_transactions(max(30.0, self.settings.connect_timeout_s))
-        run_progress.ensure_topic(self.settings)
+        run_progress.ensure_topic(self.settings, config.run)
         key = sink_key(config.run, config.instance)
         self.progress = counters.start(config.run, config.instance,
                                        run_progress.read_one(self.settings, key))
@@ -169,7 +169,7 @@ class SinkService:
         self._committer = Committer(
             producer=producer, group_metadata=consumer.consumer_group_metadata,
             source_topic=self.topic, dlq_topic=self.dlq_topic,
-            progress_topic=topics.PROGRESS_TOPIC, progress_key=key)
+            progress_topic=topics.progress_topic(config.run), progress_key=key)
         log.info("sink started", run=config.run, instance=config.instance, bucket=config.bucket,
                  prefix=config.prefix, compression=config.compression,
                  batch_size=config.limits.max_records, max_batch_bytes=config.limits.max_bytes,

@@ -99,7 +99,11 @@ def producer(settings: Settings, extra: Mapping[str, Any] | None = None) -> Prod
 def transactional_producer(
     settings: Settings, transactional_id: str, extra: Mapping[str, Any] | None = None
 ) -> Producer:
-    config = {"transactional.id": transactional_id, "transaction.timeout.ms": 60_000}
+    # Transactions are opened only to commit, so they are short; a short
+    # timeout bounds how long a worker killed mid-commit holds back
+    # read_committed readers of the partitions it wrote (its restart with the
+    # same transactional.id aborts at once).
+    config = {"transactional.id": transactional_id, "transaction.timeout.ms": 20_000}
     config.update(extra or {})
     return producer(settings, config)
 

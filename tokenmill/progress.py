@@ -1,4 +1,4 @@
-"""Exact run progress from the `tokenmill.progress` topic (see
+"""Exact run progress from the run's `tokenmill.<run>.progress` topic (see
 schemas/progress.py): the producer's checkpoint and the sum of every
 consumer's and sink's committed counters."""
 
@@ -69,15 +69,17 @@ class RunProgress:
         return total
 
 
-def ensure_topic(settings: Settings) -> None:
+def ensure_topic(settings: Settings, run_id: str) -> None:
     kafka_clients.ensure_topics(
-        kafka_clients.admin(settings), {topics.PROGRESS_TOPIC: 1}, topics.COMPACTED_TOPIC_CONFIG
+        kafka_clients.admin(settings), {topics.progress_topic(run_id): 1},
+        topics.COMPACTED_TOPIC_CONFIG,
     )
 
 
 def read_run_progress(settings: Settings, run_id: str) -> RunProgress:
     prefix = f"{run_id}/"
-    raw = compacted.read_to_end(settings, topics.PROGRESS_TOPIC, lambda k: k.startswith(prefix))
+    raw = compacted.read_to_end(settings, topics.progress_topic(run_id),
+                               lambda k: k.startswith(prefix))
     progress = RunProgress(run=run_id)
     for key, value in raw.items():
         record = decode_progress(value)
@@ -91,7 +93,9 @@ def read_run_progress(settings: Settings, run_id: str) -> RunProgress:
 
 
 def read_one(settings: Settings, key: str) -> bytes | None:
-    return compacted.read_to_end(settings, topics.PROGRESS_TOPIC, lambda k: k == key).get(key)
+    run_id = key.split("/", 1)[0]
+    return compacted.read_to_end(settings, topics.progress_topic(run_id),
+                                 lambda k: k == key).get(key)
 
 
 def read_producer_checkpoint(settings: Settings, run_id: str) -> ProducerCheckpoint | None:

@@ -54,7 +54,7 @@ class RunRegistry:
             self._checked = True
         kafka_clients.ensure_topics(
             kafka_clients.admin(self._settings),
-            {topics.RUNS_TOPIC: 1, topics.PROGRESS_TOPIC: 1},
+            {topics.RUNS_TOPIC: 1},
             topics.COMPACTED_TOPIC_CONFIG,
         )
 
@@ -113,9 +113,10 @@ class RunRegistry:
         }
         if spec.prompts_topic is None:
             wanted[topics.prompts_topic(spec.run_id)] = spec.partitions
-        kafka_clients.ensure_topics(
-            kafka_clients.admin(self._settings), wanted, topics.RUN_TOPIC_CONFIG
-        )
+        admin = kafka_clients.admin(self._settings)
+        kafka_clients.ensure_topics(admin, wanted, topics.RUN_TOPIC_CONFIG)
+        kafka_clients.ensure_topics(admin, {topics.progress_topic(spec.run_id): 1},
+                                    topics.COMPACTED_TOPIC_CONFIG)
         return written
 
 

@@ -56,12 +56,11 @@ def create_replay(settings: Settings, parent_id: str, run_id: str, generation: d
             "replay it once its producer has finished")
     spec = replay_spec(parent, run_id, generation, overrides)
     created = registry.create_run(spec)
-    progress.ensure_topic(settings)
     mine = progress.read_producer_checkpoint(settings, run_id)
     if mine is None:
         inherited = msgspec.structs.replace(checkpoint, run=run_id)
         producer = kafka_clients.producer(settings)
-        producer.produce(topics.PROGRESS_TOPIC, key=producer_key(run_id).encode(),
+        producer.produce(topics.progress_topic(run_id), key=producer_key(run_id).encode(),
                          value=msgspec.json.encode(inherited))
         if producer.flush(settings.connect_timeout_s):
             raise RuntimeError(f"could not write the checkpoint of replay {run_id!r}")

@@ -5,7 +5,7 @@ to S3, are we using the whole dataset, are tool and multi-turn prompts being
 generated, how many answers are truncated or empty, did we lose anything.
 
 Everything comes from committed state (the run spec and the exact counters
-in `tokenmill.progress`), so the numbers are the ones that will land.
+in `tokenmill.<run>.progress`), so the numbers are the ones that will land.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 RUNS_TOPIC = "tokenmill.runs"
-# Exact per-instance counters, written inside each service's transactions.
-PROGRESS_TOPIC = "tokenmill.progress"
+
 
 # Big enough for a long multi-turn prompt plus an 8K-token completion.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -20,6 +19,13 @@ def completions_topic(run_id: str) -> str:
 
 def dlq_topic(run_id: str) -> str:
     return f"tokenmill.{run_id}.dlq"
+
+
+def progress_topic(run_id: str) -> str:
+    """Exact per-instance counters, written inside each service's transactions.
+    One per run, so an open transaction of one run's crashed worker never
+    holds back another run's committed reads."""
+    return f"tokenmill.{run_id}.progress"
 
 
 def generate_group(run_id: str) -> str:

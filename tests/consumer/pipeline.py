@@ -53,7 +53,6 @@ def create_run(settings: Settings, run_id: str, partitions: int, *, max_tokens: 
     spec = RunSpec(run_id=run_id, partitions=partitions,
                    generation=GenerationSettings(model="sim", max_tokens=max_tokens, **generation))
     RunRegistry(settings).create_run(spec)
-    progress.ensure_topic(settings)
     return spec
 
 
@@ -75,7 +74,7 @@ def publish(settings: Settings, spec: RunSpec, prompts: list[PromptRecord]) -> N
         checkpoint = ProducerCheckpoint(run=spec.run_id, next_seq=end, total=len(prompts),
                                         done=end == len(prompts),
                                         per_partition=tuple(per_partition))
-        producer.produce(topics.PROGRESS_TOPIC, key=producer_key(spec.run_id).encode(),
+        producer.produce(topics.progress_topic(spec.run_id), key=producer_key(spec.run_id).encode(),
                          value=msgspec.json.encode(checkpoint))
         producer.commit_transaction(30)
 

@@ -96,7 +96,8 @@ def values(records: list[Any]) -> list[dict[str, Any]]:
 
 def checkpoint(settings: Settings, run_id: str) -> dict[str, Any] | None:
     key = producer_key(run_id).encode()
-    found = [r for r in read_all(settings.bootstrap_servers, topics.PROGRESS_TOPIC, timeout_s=60)
+    found = [r for r in read_all(settings.bootstrap_servers, topics.progress_topic(run_id),
+                                  timeout_s=60)
              if r.key == key]
     return json.loads(found[-1].value) if found else None
 

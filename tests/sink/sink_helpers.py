@@ -152,7 +152,7 @@ def feed(settings: Settings, spec: RunSpec, records: Iterable[CompletionRecord],
 def publish_done(settings: Settings, run_id: str, total: int) -> None:
     """The producer's final checkpoint, so `--until-done` knows the total."""
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
-    producer.produce(topics.PROGRESS_TOPIC, key=producer_key(run_id).encode(),
+    producer.produce(topics.progress_topic(run_id), key=producer_key(run_id).encode(),
                      value=encode_record(ProducerCheckpoint(run=run_id, next_seq=total,
                                                             total=total, done=True)))
     assert producer.flush(30) == 0
