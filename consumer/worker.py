@@ -37,9 +37,15 @@ from consumer.sglang_client import (
     SGLangClient,
     request_body,
 )
+from consumer.transaction import (
+    CommitAborted,
+    CommitFatal,
+    PartitionCommit,
+    TransactionalCommitter,
+)
 from consumer.watermark import Watermark
 from schemas import Completion, Failure, PromptRecord, RunSpec
-from schemas.completion import CompletionRecord, encode_record
+from schemas.completion import CompletionRecord
 from schemas.progress import ConsumerProgress, consumer_key, decode_progress
 from tokenmill import kafka_clients, progress, topics
 from tokenmill.log import get_logger
@@ -115,6 +121,7 @@ class Worker:
         self._progress = ConsumerProgress(run=spec.run_id, instance=config.instance)
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
+        self._committer: TransactionalCommitter | None = None
         self._client: SGLangClient | None = None
         self._gate: HealthGate | None = None
         self._background: list[asyncio.Task[Any]] = []
@@ -146,6 +153,11 @@ class Worker:
         if self.config.static_membership:
             extra["group.instance.id"] = self.config.instance
         self._consumer = kafka_clients.consumer(settings, topics.generate_group(self.run_id), extra)
+        self._committer = TransactionalCommitter(
+            producer=self._producer, prompts_topic=self.prompts_topic,
+            completions_topic=self.completions_topic,
+            progress_topic=topics.progress_topic(self.run_id), progress_key=self.progress_key,
+            group_metadata=self._consumer.consumer_group_metadata)
         self._consumer.subscribe([self.prompts_topic], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
 
@@ -368,92 +380,48 @@ class Worker:
 
     def _commit(self, only: set[int] | None = None) -> int:
         """One transaction: ready results + counters + input offsets. Returns
-        the number of records committed (0 when nothing was ready)."""
-        assert self._producer is not None and self._consumer is not None
+        the number of records committed (0 when nothing was ready). Results
+        stay in the watermarks until the commit succeeded."""
+        assert self._committer is not None
         self._last_commit = time.monotonic()
-        batch: list[tuple[PartitionState, list[CompletionRecord], int]] = []
+        ready: list[tuple[PartitionState, PartitionCommit]] = []
         for p, state in self.states.items():
             if only is not None and p not in only:
                 continue
             records, commit = state.watermark.peek_ready(self.config.commit_max_records)
             if records and commit is not None:
-                batch.append((state, records, commit))
-        if not batch:
+                ready.append((state, PartitionCommit(p, records, commit)))
+        if not ready:
             return 0
-        all_records = [r for _, records, _ in batch for r in records]
-        retries = sum(state.retries for state, _, _ in batch)
+        all_records = [r for _, part in ready for r in part.records]
+        retries = sum(state.retries for state, _ in ready)
         new_progress = msgspec.structs.replace(
             counters.add_records(self._progress, all_records, retries),
             concurrency_limit=self.limit, in_flight=self.in_flight)
-        producer = self._producer
         started = time.monotonic()
-        producer.begin_transaction()
         try:
-            for state, records, _ in batch:
-                for record in records:
-                    self._produce(self.completions_topic, record.id.encode(),
-                                  encode_record(record), state.partition)
-            self._produce(topics.progress_topic(self.run_id), self.progress_key.encode(),
-                          msgspec.json.encode(new_progress), None)
-            offsets = [TopicPartition(self.prompts_topic, state.partition, commit)
-                       for state, _, commit in batch]
-            producer.send_offsets_to_transaction(
-                offsets, self._consumer.consumer_group_metadata(), 30)
-            self._commit_transaction()
-        except KafkaException as exc:
-            self._abort(exc)
+            self._committer.commit([part for _, part in ready], new_progress)
+        except CommitAborted as exc:
+            self.metrics.commits.labels("aborted").inc()
+            log.warning("transaction aborted; results stay queued for the next commit",
+                        error=str(exc))
             return 0
-        for state, records, commit in batch:
-            state.watermark.take(len(records))
+        except CommitFatal as exc:
+            self.metrics.commits.labels("aborted").inc()
+            self._fail_fatally(FatalWorkerError(
+                f"transactional producer fenced or broken ({exc}); another instance with id "
+                f"{self.config.instance!r} may be running"))
+            return 0
+        for state, part in ready:
+            state.watermark.take(len(part.records))
             state.retries = 0
-            state.committed = commit
-            self.metrics.committed_offset.labels(str(state.partition)).set(commit)
+            state.committed = part.next_offset
+            self.metrics.committed_offset.labels(str(state.partition)).set(part.next_offset)
         self._progress = new_progress
         self.metrics.commits.labels("committed").inc()
         self.metrics.commit_seconds.observe(time.monotonic() - started)
         self._observe(all_records)
         return len(all_records)
-
-    def _produce(self, topic: str, key: bytes, value: bytes, partition: int | None) -> None:
-        assert self._producer is not None
-        while True:
-            try:
-                if partition is None:
-                    self._producer.produce(topic, key=key, value=value)
-                else:
-                    self._producer.produce(topic, key=key, value=value, partition=partition)
-                return
-            except BufferError:
-                self._producer.poll(0.05)
-
-    def _commit_transaction(self) -> None:
-        assert self._producer is not None
-        for attempt in range(5):
-            try:
-                self._producer.commit_transaction(60)
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.retriable() and attempt < 4:
-                    log.warning("commit retry", error=str(error))
-                    continue
-                raise
-
-    def _abort(self, exc: KafkaException) -> None:
-        assert self._producer is not None
-        error = exc.args[0]
-        self.metrics.commits.labels("aborted").inc()
-        if error.fatal():
-            self._fail_fatally(FatalWorkerError(
-                f"transactional producer fenced or broken ({error}); another instance with id "
-                f"{self.config.instance!r} may be running"))
-            return
-        log.warning("transaction aborted; results stay queued for the next commit",
-                    error=str(error))
-        try:
-            self._producer.abort_transaction(30)
-        except KafkaException as abort_exc:
-            self._fail_fatally(FatalWorkerError(f"could not abort transaction: {abort_exc}"))
 
     def _observe(self, records: list[CompletionRecord]) -> None:
         accept_sum = 0.0
