@@ -393,3 +393,11 @@ def test_destination_precedence_flags_env_over_spec() -> None:
     with pytest.raises(SinkError, match="no S3 bucket"):
         resolve(Settings(), make_spec("r"), instance="i", compression=None, create_bucket=None,
                 limits=limits, environ={})
+
+
+def test_dead_letter_wire_mirrors_the_schema() -> None:
+    """The sink encodes dead letters through a raw-record twin of
+    schemas.DeadLetter: the two must keep the same fields in the same order."""
+    from sink.dlq import _DeadLetterWire
+
+    assert _DeadLetterWire.__struct_fields__ == DeadLetter.__struct_fields__
