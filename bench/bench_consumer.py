@@ -37,7 +37,7 @@ from consumer.sglang_client import request_body  # noqa: E402
 from consumer.worker import Worker, WorkerConfig  # noqa: E402
 from schemas import GenerationSettings, Message, PromptRecord, RunSpec, decode_completion  # noqa: E402
 from schemas.progress import ProducerCheckpoint, producer_key  # noqa: E402
-from tokenmill import log, progress, topics  # noqa: E402
+from tokenmill import log, topics  # noqa: E402
 from tokenmill.registry import RunRegistry  # noqa: E402
 from tokenmill.settings import Settings  # noqa: E402
 from tokenmill.simulator import SimulatorConfig  # noqa: E402

@@ -128,12 +128,9 @@ def run_pinned(argv: list[str], env: dict[str, str], core: set[int] | None,
 
 
 def start_broker(state: Path) -> tuple[str, Path]:
-    from tokenmill.devstack import processes, stack
+    from tokenmill.devstack import stack
 
-    plan = stack.StackPlan(state_dir=state, kafka_port=processes.free_port(),
-                           controller_port=processes.free_port(), s3_port=processes.free_port(),
-                           kafka_heap="1g")
-    started, _ = stack.up(plan)
+    started, _ = stack.up(stack.StackPlan.on_free_ports(state, kafka_heap="1g"))
     return started.kafka.address, state
 
 

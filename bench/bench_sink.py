@@ -9,8 +9,8 @@ bytes are then uploaded with plain boto3 `put_object` (same object sizes,
 same concurrency) as a baseline; the table shows both rates and their ratio.
 A small-record case (~600 B) shows the per-record overhead.
 
-The local broker and S3 server (moto) come from `TOKENMILL_TEST_BOOTSTRAP_SERVERS`
-and `TOKENMILL_TEST_S3_ENDPOINT_URL` if set, else a dev stack on free ports
+The local broker and S3 server (moto) come from `TOKENMILL_BOOTSTRAP_SERVERS`
+and `TOKENMILL_S3_ENDPOINT_URL` if set, else a dev stack on free ports
 is started for the benchmark and stopped after it.
 
     python bench/bench_sink.py [--records 20000] [--small-records 50000]
@@ -296,17 +296,16 @@ def run_case(settings: Settings, case: Case, args: argparse.Namespace,
 
 
 def _services(state_dir: Path) -> tuple[Settings, bool]:
-    bootstrap = os.environ.get("TOKENMILL_TEST_BOOTSTRAP_SERVERS")
-    endpoint = os.environ.get("TOKENMILL_TEST_S3_ENDPOINT_URL")
+    # The same variables as every other benchmark (README, Benchmarks).
+    bootstrap = os.environ.get("TOKENMILL_BOOTSTRAP_SERVERS")
+    endpoint = os.environ.get("TOKENMILL_S3_ENDPOINT_URL")
     if bootstrap and endpoint:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         return Settings(bootstrap_servers=bootstrap, s3_endpoint_url=endpoint), False
-    from tokenmill.devstack import processes, s3_server, stack
+    from tokenmill.devstack import s3_server, stack
 
-    plan = stack.StackPlan(state_dir=state_dir, kafka_port=processes.free_port(),
-                           controller_port=processes.free_port(), s3_port=processes.free_port())
-    state, _ = stack.up(plan)
+    state, _ = stack.up(stack.StackPlan.on_free_ports(state_dir))
     os.environ["AWS_ACCESS_KEY_ID"] = s3_server.DEV_ACCESS_KEY
     os.environ["AWS_SECRET_ACCESS_KEY"] = s3_server.DEV_SECRET_KEY
     _, others = _cores()

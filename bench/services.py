@@ -22,12 +22,9 @@ def bench_settings(kafka_heap: str = "1g") -> Iterator[Settings]:
                            s3_bucket=os.environ.get("TOKENMILL_S3_BUCKET"),
                            state_dir=Path(tmp))
             return
-        from tokenmill.devstack import processes, s3_server, stack
+        from tokenmill.devstack import s3_server, stack
 
-        plan = stack.StackPlan(state_dir=Path(tmp), kafka_port=processes.free_port(),
-                               controller_port=processes.free_port(),
-                               s3_port=processes.free_port(), kafka_heap=kafka_heap)
-        state, _ = stack.up(plan)
+        state, _ = stack.up(stack.StackPlan.on_free_ports(Path(tmp), kafka_heap=kafka_heap))
         os.environ.setdefault("AWS_ACCESS_KEY_ID", s3_server.DEV_ACCESS_KEY)
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", s3_server.DEV_SECRET_KEY)
         try:

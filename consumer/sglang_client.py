@@ -288,22 +288,38 @@ class SGLangClient:
             raise classify_status(status, error_message(payload))
         return parse_response(payload, time.monotonic() - started)
 
-    async def healthy(self) -> bool:
-        """SGLang answers /health with 200 once the model is loaded (503 before)."""
+    async def _get(self, path: str) -> tuple[int, bytes] | None:
+        """A short GET for the server's side endpoints; None when unreachable."""
         try:
-            async with self.session.get(f"{self.base_url}/health",
+            async with self.session.get(f"{self.base_url}{path}",
                                         timeout=aiohttp.ClientTimeout(total=5)) as response:
-                await response.read()
-                return response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
-
-    async def metrics_text(self) -> str | None:
-        try:
-            async with self.session.get(f"{self.base_url}/metrics",
-                                        timeout=aiohttp.ClientTimeout(total=5)) as response:
-                if response.status != 200:
-                    return None
-                return await response.text()
+                return response.status, await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
+
+    async def healthy(self) -> bool:
+        """SGLang answers /health with 200 once the model is loaded (503 before)."""
+        answer = await self._get("/health")
+        return answer is not None and answer[0] == 200
+
+    async def metrics_text(self) -> str | None:
+        answer = await self._get("/metrics")
+        if answer is None or answer[0] != 200:
+            return None
+        return answer[1].decode(errors="replace")
+
+    async def max_running_requests(self) -> int | None:
+        """The server's own limit from SGLang's /get_server_info; None elsewhere."""
+        answer = await self._get("/get_server_info")
+        if answer is None or answer[0] != 200:
+            return None
+        try:
+            info = msgspec.json.decode(answer[1])
+        except msgspec.DecodeError:
+            return None
+        if not isinstance(info, dict):
+            return None
+        states = info.get("internal_states") or [{}]
+        value = states[0].get("max_running_requests") if isinstance(states[0], dict) else None
+        value = value or info.get("max_running_requests")
+        return value if isinstance(value, int) and value > 0 else None

@@ -466,15 +466,8 @@ class Worker:
     async def _initial_auto_limit(self) -> None:
         """Start at the server's own max running requests when it says so."""
         assert self._client is not None
-        try:
-            async with self._client.session.get(f"{self._client.base_url}/get_server_info",
-                                                timeout=__import__("aiohttp").ClientTimeout(total=5)) as r:
-                info = msgspec.json.decode(await r.read()) if r.status == 200 else {}
-        except Exception:
-            info = {}
-        states = info.get("internal_states") or [{}]
-        server_max = states[0].get("max_running_requests") or info.get("max_running_requests")
-        if isinstance(server_max, int) and server_max > 0:
+        server_max = await self._client.max_running_requests()
+        if server_max is not None:
             self.limit = max(1, min(self.config.max_concurrency, server_max))
             self.metrics.limit.set(self.limit)
 

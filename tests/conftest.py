@@ -63,16 +63,9 @@ def _from_containers() -> Iterator[Services]:
 
 
 def _from_native(tmp: Path) -> Iterator[Services]:
-    from tokenmill.devstack import processes, s3_server, stack
+    from tokenmill.devstack import s3_server, stack
 
-    plan = stack.StackPlan(
-        state_dir=tmp,
-        kafka_port=processes.free_port(),
-        controller_port=processes.free_port(),
-        s3_port=processes.free_port(),
-        kafka_heap="768m",
-    )
-    state, _ = stack.up(plan)
+    state, _ = stack.up(stack.StackPlan.on_free_ports(tmp, kafka_heap="768m"))
     try:
         yield Services(
             bootstrap_servers=state.kafka.address,

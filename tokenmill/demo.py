@@ -103,9 +103,7 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    plan = stack.StackPlan(state_dir=state_dir / "stack", kafka_port=processes.free_port(),
-                           controller_port=processes.free_port(), s3_port=processes.free_port(),
-                           kafka_heap="768m")
+    plan = stack.StackPlan.on_free_ports(state_dir / "stack", kafka_heap="768m")
     with console.status("starting Kafka and S3 (the first start fetches Kafka's jars)..."):
         stack_state, _ = stack.up(plan)
     env = {**os.environ, **stack_state.env(), "TOKENMILL_LOG_FORMAT": "json",

@@ -9,6 +9,7 @@ of a run must come from one set of settings.
 from __future__ import annotations
 
 import msgspec
+
 from schemas.run import RunSpec
 from tokenmill import compacted, kafka_clients, topics
 from tokenmill.log import get_logger

@@ -7,8 +7,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from tokenmill.commandline import service_command
-from tokenmill.commandline import register_known_error
+from tokenmill.commandline import register_known_error, service_command
 from tokenmill.registry import RunRegistry
 from tokenmill.replay import ReplayRefused, create_replay
 from tokenmill.settings import Settings

@@ -116,3 +116,14 @@ async def test_against_the_simulator() -> None:
                 await client.chat(request_body(long_prompt, GenerationSettings(max_tokens=64)))
             assert rejected.value.kind == "prompt_too_long"
             assert "sglang:num_running_reqs" in (await client.metrics_text() or "")
+            # --concurrency auto starts at the server's own limit
+            assert await client.max_running_requests() == SimulatorConfig().max_running_requests
+
+
+async def test_side_endpoints_of_a_dead_server_answer_none() -> None:
+    from tokenmill.devstack.processes import free_port
+
+    async with SGLangClient(f"http://127.0.0.1:{free_port()}") as client:
+        assert await client.healthy() is False
+        assert await client.metrics_text() is None
+        assert await client.max_running_requests() is None

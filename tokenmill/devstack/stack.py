@@ -10,6 +10,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import boto3
 import msgspec
@@ -61,6 +62,14 @@ class StackPlan:
     bucket: str = DEFAULT_BUCKET
     kafka_heap: str = "1g"
     timeout_s: float = 120.0
+
+    @classmethod
+    def on_free_ports(cls, state_dir: Path, **options: Any) -> StackPlan:
+        """A private stack (tests, benchmarks, the demo) beside whatever else
+        runs: every port picked free."""
+        return cls(state_dir=state_dir, kafka_port=processes.free_port(),
+                   controller_port=processes.free_port(), s3_port=processes.free_port(),
+                   **options)
 
 
 def state_path(state_dir: Path) -> Path:
