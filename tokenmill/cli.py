@@ -14,13 +14,13 @@ import click
 # name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
     "dev": "tokenmill.devstack.command:dev",
-    "runs": "tokenmill.runs_command:runs",
+    "runs": "ops.runs:runs",
     "sim-sglang": "tokenmill.simulator.command:sim_sglang",
     "produce": "producer.command:produce",
     "consume": "consumer.command:consume",
     "sink": "sink.command:sink",
-    "status": "tokenmill.status_command:status",
-    "spot-check": "tokenmill.spot_check:spot_check",
+    "status": "ops.status:status",
+    "spot-check": "ops.spot_check:spot_check",
     "demo": "tokenmill.demo:demo",
 }
 

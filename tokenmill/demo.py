@@ -28,7 +28,7 @@ from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 from tokenmill.simulator import SimulatorConfig
 from tokenmill.simulator.runner import SimulatorProcess
-from tokenmill.status_command import summarize
+from ops.status import summarize
 
 SAMPLE_DIR = Path(__file__).parent / "data" / "sample"
 

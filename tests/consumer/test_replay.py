@@ -15,7 +15,7 @@ from tests.consumer.pipeline import (
 )
 from tokenmill.cli import cli
 from tokenmill.registry import RunRegistry
-from tokenmill.replay import ReplayRefused, create_replay, replay_spec
+from ops.replay import ReplayRefused, create_replay, replay_spec
 from tokenmill.simulator import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker]

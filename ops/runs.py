@@ -7,9 +7,9 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from ops.replay import ReplayRefused, create_replay
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.registry import RunRegistry
-from tokenmill.replay import ReplayRefused, create_replay
 from tokenmill.settings import Settings
 
 register_known_error(ReplayRefused)
