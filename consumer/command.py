@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import sys
 from urllib.parse import urlparse
@@ -15,8 +16,12 @@ from consumer.worker import FatalWorkerError, Worker, WorkerConfig
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
+from tokenmill.transactions import KafkaFatal
 
-register_known_error(FatalWorkerError)
+register_known_error(FatalWorkerError, KafkaFatal)
+
+# The worker's group members are "<instance>#<n>" (consumer/fleet.py).
+INSTANCE_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 
 def default_instance(sglang_url: str) -> str:
@@ -42,7 +47,8 @@ def _concurrency(value: str) -> int | None:
 @click.option("--sglang-url", required=True, envvar="TOKENMILL_SGLANG_URL",
               help="Base URL of the OpenAI-compatible server. [env: TOKENMILL_SGLANG_URL]")
 @click.option("--instance", default=None, envvar="TOKENMILL_INSTANCE",
-              help="Stable unique id of this worker (transactional.id and group.instance.id). "
+              help="Stable unique id of this worker (its transactional.id, and its group "
+                   "members' client ids). "
                    "Default: <hostname>-<server port>. [env: TOKENMILL_INSTANCE]")
 @click.option("--concurrency", default="auto", show_default=True,
               help="In-flight request limit, or 'auto' to follow SGLang's /metrics.")
@@ -58,11 +64,20 @@ def _concurrency(value: str) -> int | None:
               type=float, help="Seconds before a request counts as timed out.")
 @click.option("--drain-timeout", "drain_timeout_s", default=60.0, show_default=True, type=float,
               help="On SIGTERM, seconds to let in-flight requests finish.")
-@click.option("--session-timeout-ms", default=30_000, show_default=True, type=int,
-              help="Kafka session timeout: how long a crashed worker keeps its partitions.")
-@click.option("--static-membership/--no-static-membership", default=True, show_default=True,
-              help="group.instance.id = instance: a restart takes its partitions back "
-                   "without a group-wide rebalance.")
+@click.option("--group-protocol", type=click.Choice(["consumer", "classic"]), default="consumer",
+              show_default=True,
+              help="consumer: KIP-848 (Kafka 4.0+), shares follow GPU capacity; classic: the "
+                   "older protocol for older brokers.")
+@click.option("--session-timeout", "session_timeout_s", default=None,
+              type=click.FloatRange(1, 1800),
+              help="Seconds a crashed worker keeps its partitions. KIP-848: set as the group's "
+                   "consumer.session.timeout.ms (within the broker's bounds; default: the "
+                   "broker's). Classic: the client's (default 30).")
+@click.option("--static-membership/--no-static-membership", default=False, show_default=True,
+              help="Classic protocol only: group.instance.id = instance.")
+@click.option("--fleet-balancing/--no-fleet-balancing", default=True, show_default=True,
+              help="KIP-848: open and close group members so that this worker's share of "
+                   "partitions follows its measured throughput.")
 @click.option("--until-done", is_flag=True,
               help="Exit 0 once the producer has finished and every prompt has a committed result.")
 @click.option("--metrics-port", default=0, type=int, help="Serve Prometheus /metrics here (0: off).")
@@ -70,17 +85,21 @@ def _concurrency(value: str) -> int | None:
 def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | None,
             concurrency: str, max_concurrency: int, commit_interval_s: float, max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
-            session_timeout_ms: int, static_membership: bool, until_done: bool,
-            metrics_port: int) -> None:
+            group_protocol: str, session_timeout_s: float | None, static_membership: bool,
+            fleet_balancing: bool, until_done: bool, metrics_port: int) -> None:
     """Generate completions for a run's prompts, exactly once, next to one SGLang server.
 
     \b
     Example:
       tokenmill consume --run my-run --sglang-url http://127.0.0.1:30000 --instance gpu0
     """
+    instance = instance or default_instance(sglang_url)
+    if not INSTANCE_PATTERN.match(instance):
+        raise click.BadParameter(f"{instance!r}: use 1-100 letters, digits, '.', '_' or '-'",
+                                 param_hint="--instance")
     spec = RunRegistry(settings).get(run_id)
     config = WorkerConfig(
-        instance=instance or default_instance(sglang_url),
+        instance=instance,
         sglang_url=sglang_url,
         concurrency=_concurrency(concurrency),
         max_concurrency=max_concurrency,
@@ -88,8 +107,10 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         retry=RetryPolicy(max_attempts=max_attempts, base_s=retry_base_s),
         request_timeout_s=request_timeout_s,
         drain_timeout_s=drain_timeout_s,
-        session_timeout_ms=session_timeout_ms,
+        group_protocol=group_protocol,  # type: ignore[arg-type]
+        session_timeout_s=session_timeout_s,
         static_membership=static_membership,
+        fleet_balancing=fleet_balancing,
         until_done=until_done,
         metrics_port=metrics_port,
         api_key=os.environ.get("TOKENMILL_SGLANG_API_KEY") or None,

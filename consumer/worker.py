@@ -1,15 +1,21 @@
 """The generation worker: one per GPU, next to its SGLang server.
 
-One asyncio event loop owns the Kafka consumer, the transactional producer
-and every transaction call (confluent-kafka serializes consumer calls across
-threads; one owner keeps that trivial). The loop polls without blocking,
-starts requests up to the in-flight limit, and every few seconds commits
-the contiguous finished prefix of each partition together with its input
-offsets in one transaction (KIP-447). Transactions are opened only to commit,
-never held across LLM calls.
+One asyncio event loop owns the worker's group members (consumer/
+membership.py), the transactional producer and every transaction call. The
+loop polls without blocking, starts requests up to the in-flight limit
+(consumer/generation.py), and every few seconds commits the contiguous
+finished prefix of each partition together with its input offsets in one
+transaction (tokenmill/transactions.py, KIP-447). Transactions are opened
+only to commit, never held across LLM calls.
 
-Rebalance: on revoke, commit the ready prefix of the revoked partitions, then
-cancel and forget their in-flight work; on lost, commit nothing.
+Rebalance: on revoke, commit the ready prefix of the revoked partitions,
+then park them (their requests go on) until the worker's next slot takes
+them or a few seconds pass; on lost, commit nothing and drop them. A fleet
+task (consumer/fleet.py) opens and closes the worker's slots so that its
+share of the run follows its measured capacity.
+
+Crash-only: every blocking Kafka call is bounded by the watchdog; a fenced
+or fatal client ends the process with one line and exit code 1.
 """
 
 from __future__ import annotations
@@ -17,48 +23,38 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 
 from consumer import counters
 from consumer.backoff import RetryPolicy
 from consumer.concurrency import AutoBounds, next_limit, parse_metrics
+from consumer.fleet import FleetView, RateTracker, decide
+from consumer.fleet_view import ViewUnavailable, read_view
+from consumer.generation import Generator, Outcome, ServerRefuses
 from consumer.health import HealthGate
+from consumer.membership import Membership, MembershipConfig, Slot
 from consumer.metrics import ConsumerMetrics
-from consumer.sglang_client import (
-    PromptRejected,
-    Retryable,
-    ServerMisconfigured,
-    ServerUnavailable,
-    SGLangClient,
-    request_body,
-)
-from consumer.transaction import (
-    CommitAborted,
-    CommitFatal,
-    PartitionCommit,
-    TransactionalCommitter,
-)
-from consumer.watermark import Watermark
-from schemas import Completion, Failure, PromptRecord, RunSpec
-from schemas.completion import CompletionRecord
+from consumer.partitions import PartitionState, can_resume
+from consumer.pause import PausePolicy
+from consumer.sglang_client import SGLangClient
+from schemas import Failure, PromptRecord, RunSpec
+from schemas.completion import CompletionRecord, encode_record
 from schemas.progress import ConsumerProgress, consumer_key, decode_progress
-from tokenmill import kafka_clients, progress, topics
+from tokenmill import groups, kafka_clients, progress, topics
 from tokenmill.log import get_logger
 from tokenmill.registry import source_prompts_topic
 from tokenmill.settings import Settings
+from tokenmill.transactions import KafkaFatal, TransactionAborted, TransactionHooks, Transactions
+from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.consumer")
 
 _prompt_decoder = msgspec.json.Decoder(PromptRecord)
 
-# A buffer full for this long means the server is the bottleneck: pause the
-# partitions and keep polling (max.poll.interval.ms stays at its default).
-PAUSE_AFTER_FULL_S = 10.0
+Drop = Literal["revoked", "lost", "moved", "shutdown"]
 
 
 class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,13 +68,24 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     retry: RetryPolicy = RetryPolicy()
     request_timeout_s: float = 1800.0
     drain_timeout_s: float = 60.0
-    session_timeout_ms: int = 30_000
-    static_membership: bool = True
+    group_protocol: groups.GroupProtocol = "consumer"
+    # KIP-848: set as the group's consumer.session.timeout.ms when given;
+    # classic: the client's session.timeout.ms.
+    session_timeout_s: float | None = None
+    static_membership: bool = False  # classic protocol only
+    fleet_balancing: bool = True  # KIP-848 only: capacity-weighted slots
+    fleet_interval_s: float = 3.0
+    park_s: float = 8.0
     until_done: bool = False
     done_check_interval_s: float = 3.0
     metrics_port: int = 0
     health_interval_s: float = 1.0
     auto_interval_s: float = 1.0
+    transaction_timeout_s: float = 20.0
+    # An idle worker still commits its counters this often: `status` sees it
+    # alive, and a duplicate --instance that fenced it is noticed.
+    heartbeat_s: float = 10.0
+    stall_s: float = 120.0
     api_key: str | None = None
 
 
@@ -86,57 +93,61 @@ class FatalWorkerError(RuntimeError):
     """The worker cannot go on (fenced, misconfigured server)."""
 
 
-@dataclass
-class PartitionState:
-    partition: int
-    watermark: Watermark[CompletionRecord] = field(default_factory=Watermark)
-    queue: deque[tuple[int, PromptRecord]] = field(default_factory=deque)
-    tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    retries: int = 0  # retries of results not committed yet
-    committed: int | None = None
-
-
 class Worker:
-    def __init__(self, settings: Settings, spec: RunSpec, config: WorkerConfig) -> None:
+    def __init__(self, settings: Settings, spec: RunSpec, config: WorkerConfig,
+                 hooks: TransactionHooks | None = None) -> None:
         self.settings = settings
         self.spec = spec
         self.config = config
+        self.hooks = hooks
         self.run_id = spec.run_id
-        self.settings_hash = spec.settings_hash
         self.prompts_topic = source_prompts_topic(spec)
         self.completions_topic = topics.completions_topic(spec.run_id)
+        self.group = topics.generate_group(spec.run_id)
         self.progress_key = consumer_key(spec.run_id, config.instance)
         self.metrics = ConsumerMetrics()
         self.states: dict[int, PartitionState] = {}
+        self.parked: dict[int, PartitionState] = {}
         self.limit = config.concurrency or config.initial_concurrency
-        self.in_flight = 0
         self.stopping = False
         self.exit_code = 0
         self.fatal: BaseException | None = None
-        self.paused = False
-        self._full_since: float | None = None
         self.wasted: dict[str, int] = {}
+        self.latency_s = 0.0  # moving average of request latency
+        self.others_seen = False  # another worker was in the group at the last look
+        self._pause = PausePolicy()
         self._wake = asyncio.Event()
         self._last_commit = time.monotonic()
+        self._last_committed = time.monotonic()
         self._progress = ConsumerProgress(run=spec.run_id, instance=config.instance)
-        self._consumer: Consumer | None = None
         self._producer: Producer | None = None
-        self._committer: TransactionalCommitter | None = None
+        self._txns: Transactions | None = None
+        self._members: Membership | None = None
         self._client: SGLangClient | None = None
         self._gate: HealthGate | None = None
+        self._generator: Generator | None = None
+        self._rates = RateTracker()
         self._background: list[asyncio.Task[Any]] = []
+        self.watchdog = Watchdog(f"worker {config.instance}", stall_s=config.stall_s)
 
     # -- set-up ---------------------------------------------------------------
 
     def _make_clients(self) -> None:
         settings = self.settings
         kafka_clients.check_broker(settings)
-        txn_id = f"tokenmill.{self.run_id}.consumer.{self.config.instance}"
+        txn_id = topics.transactional_id(self.run_id, "consumer", self.config.instance)
         self._producer = kafka_clients.transactional_producer(
-            settings, txn_id, {"linger.ms": 20, "queue.buffering.max.messages": 200_000}
-        )
+            settings, txn_id, {"linger.ms": 20, "queue.buffering.max.messages": 200_000})
         # Fences a previous incarnation and aborts its open transaction.
-        self._producer.init_transactions(60)
+        try:
+            with self.watchdog.guard("init_transactions", 120):
+                self._producer.init_transactions(60)
+        except KafkaException as exc:
+            raise KafkaFatal(f"could not start transactional producer {txn_id}: "
+                             f"{exc.args[0] if exc.args else exc}") from None
+        self._txns = Transactions(self._producer, transactional_id=txn_id,
+                                  timeout_s=self.config.transaction_timeout_s,
+                                  hooks=self.hooks, watchdog=self.watchdog)
         raw = progress.read_one(settings, self.progress_key)
         if raw is not None:
             previous = decode_progress(raw)
@@ -144,140 +155,145 @@ class Worker:
                 self._progress = previous
         if not self._progress.started_at:
             self._progress = msgspec.structs.replace(self._progress, started_at=time.time())
-        extra: dict[str, Any] = {
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": self.config.session_timeout_ms,
-            "heartbeat.interval.ms": max(500, self.config.session_timeout_ms // 10),
-            "queued.max.messages.kbytes": 16384,
-        }
-        if self.config.static_membership:
-            extra["group.instance.id"] = self.config.instance
-        self._consumer = kafka_clients.consumer(settings, topics.generate_group(self.run_id), extra)
-        self._committer = TransactionalCommitter(
-            producer=self._producer, prompts_topic=self.prompts_topic,
-            completions_topic=self.completions_topic,
-            progress_topic=topics.progress_topic(self.run_id), progress_key=self.progress_key,
-            group_metadata=self._consumer.consumer_group_metadata)
-        self._consumer.subscribe([self.prompts_topic], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        config = self.config
+        if config.group_protocol == "consumer" and config.session_timeout_s:
+            groups.set_session_timeout(kafka_clients.admin(settings), self.group,
+                                       config.session_timeout_s, settings.connect_timeout_s)
+        self._members = Membership(
+            settings=settings, group=self.group, topic=self.prompts_topic,
+            worker=config.instance,
+            config=MembershipConfig(
+                protocol=config.group_protocol, session_timeout_s=config.session_timeout_s,
+                instance_id=config.instance if config.static_membership else None),
+            on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
+            want_paused=lambda: self._members is not None and self._members.paused,
+            watchdog=self.watchdog)
+        self._members.open()
 
-    # -- rebalance callbacks (run inside consume(), on the loop thread) --------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    # -- rebalance callbacks (inside consume()/close(), on the loop thread) ------
+
+    def _on_assign(self, slot: Slot, partitions: list[TopicPartition]) -> None:
+        assert self._members is not None
+        committed = self._members.committed(slot, [tp.partition for tp in partitions])
+        resumed = []
         for tp in partitions:
-            self.states[tp.partition] = PartitionState(tp.partition)
-        consumer.incremental_assign(partitions)
-        if self.paused and partitions:
-            consumer.pause(partitions)
+            p = tp.partition
+            parked = self.parked.pop(p, None)
+            if parked is not None and can_resume(parked, committed.get(p)):
+                parked.slot = slot.name
+                parked.parked_until = None
+                self.states[p] = parked
+                tp.offset = parked.next_fetch() or tp.offset
+                resumed.append(p)
+                continue
+            if parked is not None:
+                self._drop_state(parked, "moved")
+            self.states[p] = PartitionState(p, slot.name, start_offset=committed.get(p))
         self.metrics.assigned.set(len(self.states))
-        log.info("partitions assigned", partitions=sorted(tp.partition for tp in partitions),
-                 now=sorted(self.states))
+        log.info("partitions assigned", slot=slot.name,
+                 partitions=sorted(tp.partition for tp in partitions), resumed=resumed,
+                 owned=sorted(self.states))
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
-        try:
-            self._commit(only=revoked)
-        except KafkaException as exc:
-            log.warning("commit on revoke failed; the next owner replays", error=str(exc))
-        self._drop(revoked, "revoked")
-        log.info("partitions revoked", partitions=sorted(revoked), now=sorted(self.states))
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        lost = {tp.partition for tp in partitions}
-        self._drop(lost, "lost")
-        log.warning("partitions lost; their uncommitted work is dropped",
-                    partitions=sorted(lost))
-
-    def _drop(self, partitions: set[int], reason: str) -> None:
-        wasted = 0
-        for p in partitions:
+        self._commit(only=revoked)
+        park = not self.stopping and self.fatal is None
+        for p in revoked:
             state = self.states.pop(p, None)
             if state is None:
                 continue
-            for task in state.tasks.values():
-                task.cancel()
-            wasted += len(state.tasks) + state.watermark.waiting + state.watermark.ready_count()
-            self.in_flight -= len(state.tasks)
-            state.tasks.clear()
+            if park and state.tasks:
+                state.parked_until = time.monotonic() + self.config.park_s
+                self.parked[p] = state
+            else:
+                self._drop_state(state, "revoked")
+        self.metrics.assigned.set(len(self.states))
+        log.info("partitions revoked", slot=slot.name, partitions=sorted(revoked),
+                 owned=sorted(self.states))
+
+    def _on_lost(self, slot: Slot, partitions: list[TopicPartition]) -> None:
+        lost = {tp.partition for tp in partitions}
+        for p in lost:
+            state = self.states.pop(p, None)
+            if state is not None:
+                self._drop_state(state, "lost")
+        self.metrics.assigned.set(len(self.states))
+        log.warning("partitions lost; their uncommitted work is dropped", slot=slot.name,
+                    partitions=sorted(lost))
+
+    def _drop_state(self, state: PartitionState, reason: Drop) -> None:
+        wasted = state.unfinished()
+        state.cancel()
         if wasted:
             self.wasted[reason] = self.wasted.get(reason, 0) + wasted
             self.metrics.wasted.labels(reason).inc(wasted)
-        self.metrics.assigned.set(len(self.states))
-        self.metrics.in_flight.set(self.in_flight)
+        self._update_in_flight()
 
-    # -- pause / resume ---------------------------------------------------------
+    def _expire_parked(self) -> None:
+        now = time.monotonic()
+        for p, state in list(self.parked.items()):
+            if state.parked_until is not None and now >= state.parked_until:
+                del self.parked[p]
+                self._drop_state(state, "moved")
+
+    # -- fetching and generating ----------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return (sum(len(s.tasks) for s in self.states.values())
+                + sum(len(s.tasks) for s in self.parked.values()))
+
+    def _update_in_flight(self) -> None:
+        self.metrics.in_flight.set(self.in_flight)
 
     def _buffered(self) -> int:
         return sum(len(s.queue) for s in self.states.values())
 
-    def _want_pause(self) -> bool:
-        """Pause fetching while the server is down, while draining, and when
-        the local buffer has stayed full for a while (a slow GPU): paused
-        partitions let us keep polling, and so keep our group membership,
-        without fetching more. Short bursts of a full buffer do not pause:
-        resuming costs a fetch round trip and would starve a fast server."""
-        gate_open = self._gate.is_open if self._gate else True
-        if self.stopping or not gate_open:
-            return True
-        buffered = self._buffered()
-        now = time.monotonic()
-        if buffered < self.limit:
-            self._full_since = None
-        elif self._full_since is None:
-            self._full_since = now
-        if self.paused:
-            return buffered > self.limit // 2
-        return self._full_since is not None and now - self._full_since >= PAUSE_AFTER_FULL_S
-
     def _apply_pause(self) -> None:
-        assert self._consumer is not None
-        want = self._want_pause()
-        if want == self.paused:
-            return
-        assignment = self._consumer.assignment()
-        if assignment:
-            (self._consumer.pause if want else self._consumer.resume)(assignment)
-        self.paused = want
-
-    # -- fetching and generating ----------------------------------------------
+        assert self._members is not None
+        want = self._pause.want(buffered=self._buffered(), limit=self.limit,
+                                paused=self._members.paused, stopping=self.stopping,
+                                server_up=self._gate.is_open if self._gate else True,
+                                now=time.monotonic())
+        self._members.apply_pause(want)
 
     def _poll(self) -> None:
-        assert self._consumer is not None
+        assert self._members is not None
         room = self.limit - self._buffered()
-        if room <= 0 and not self.paused:
-            # Leave the records in librdkafka's queue for now. Not calling
-            # consume() is safe: _want_pause pauses the partitions long before
-            # max.poll.interval.ms, and paused partitions are polled again.
+        if room <= 0 and not self._members.paused:
+            # Leave the records in librdkafka's queue for now: the pause policy
+            # pauses the partitions long before max.poll.interval.ms.
             return
-        messages = self._consumer.consume(num_messages=max(1, min(room, 1000)), timeout=0)
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer error", error=str(error))
-                continue
-            state = self.states.get(message.partition())
-            if state is None:  # a late message of a partition we no longer own
-                continue
-            offset = message.offset()
-            try:
-                prompt = _prompt_decoder.decode(message.value())
-            except msgspec.DecodeError as exc:
-                prompt = None
-                log.error("undecodable prompt record", partition=message.partition(),
-                          offset=offset, error=str(exc))
-            state.watermark.track(offset)
-            if prompt is None:
-                state.watermark.finish(offset, self._undecodable(message))
-                continue
-            state.queue.append((offset, prompt))
+        for message in self._members.poll(max(1, min(room, 1000))):
+            self._accept(message)
 
-    def _undecodable(self, message: Any) -> Failure:
-        placeholder = PromptRecord(id=(message.key() or b"").decode(errors="replace") or
-                                   f"{message.partition()}-{message.offset()}",
+    def _accept(self, message: Message) -> None:
+        state = self.states.get(message.partition() or 0)
+        if state is None:  # a late message of a partition we no longer own
+            return
+        offset = message.offset() or 0
+        if state.last_fetched is not None and offset <= state.last_fetched:
+            return  # already have it (a resumed partition's refetch)
+        try:
+            prompt = _prompt_decoder.decode(message.value() or b"")
+        except msgspec.DecodeError as exc:
+            prompt = None
+            log.error("undecodable prompt record", partition=state.partition, offset=offset,
+                      error=str(exc))
+        state.watermark.track(offset)
+        state.last_fetched = offset
+        if prompt is None:
+            state.watermark.finish(offset, self._undecodable(message))
+            return
+        state.queue.append((offset, prompt))
+
+    def _undecodable(self, message: Message) -> Failure:
+        key = (message.key() or b"").decode(errors="replace")
+        placeholder = PromptRecord(id=key or f"{message.partition()}-{message.offset()}",
                                    run=self.run_id, messages=(), source="?", format="?",
                                    category="plain")
-        return Failure(id=placeholder.id, run=self.run_id, settings_hash=self.settings_hash,
+        return Failure(id=placeholder.id, run=self.run_id, settings_hash=self.spec.settings_hash,
                        prompt=placeholder, failure="bad_request",
                        error="prompt record could not be decoded", instance=self.config.instance)
 
@@ -285,81 +301,42 @@ class Worker:
         if self.stopping or (self._gate is not None and not self._gate.is_open):
             return
         loop = asyncio.get_running_loop()
-        while self.in_flight < self.limit:
+        in_flight = self.in_flight
+        while in_flight < self.limit:
             started = False
             for state in list(self.states.values()):
-                if self.in_flight >= self.limit:
+                if in_flight >= self.limit:
                     break
                 if not state.queue:
                     continue
                 offset, prompt = state.queue.popleft()
-                task = loop.create_task(self._generate(state, offset, prompt))
-                state.tasks[offset] = task
-                self.in_flight += 1
+                state.tasks[offset] = loop.create_task(self._generate(state, offset, prompt))
+                in_flight += 1
                 started = True
             if not started:
                 break
-        self.metrics.in_flight.set(self.in_flight)
+        self.metrics.in_flight.set(in_flight)
 
     async def _generate(self, state: PartitionState, offset: int, prompt: PromptRecord) -> None:
-        assert self._client is not None and self._gate is not None
-        attempts = 0
-        retries = 0
-        started = time.monotonic()
-        generation = self.spec.generation
-        record: CompletionRecord
+        assert self._generator is not None
         try:
-            while True:
-                await self._gate.wait_open()
-                attempts += 1
-                try:
-                    result = await self._client.chat(request_body(prompt, generation, attempts))
-                except PromptRejected as exc:
-                    record = self._failure(prompt, exc.kind, str(exc), exc.status, attempts, started)
-                    break
-                except Retryable as exc:
-                    self.metrics.retries.labels(exc.kind).inc()
-                    if self.config.retry.exhausted(attempts):
-                        record = self._failure(prompt, exc.kind, str(exc), exc.status, attempts,
-                                               started)
-                        break
-                    retries += 1
-                    await asyncio.sleep(self.config.retry.delay(attempts))
-                    continue
-                except ServerUnavailable as exc:
-                    attempts -= 1  # not the prompt's fault
-                    self._gate.report_down(str(exc))
-                    continue
-                except ServerMisconfigured as exc:
-                    self._fail_fatally(FatalWorkerError(
-                        f"the server at {self.config.sglang_url} refuses requests: {exc}"))
-                    return
-                self.metrics.latency.observe(result.latency_s)
-                record = Completion(
-                    id=prompt.id, run=self.run_id, settings_hash=self.settings_hash,
-                    prompt=prompt, finish_reason=result.finish_reason, content=result.content,
-                    reasoning_content=result.reasoning_content, tool_calls=result.tool_calls,
-                    matched_stop=result.matched_stop, usage=result.usage, spec=result.spec,
-                    latency_s=round(time.monotonic() - started, 4), attempts=attempts,
-                    instance=self.config.instance, model=result.model,
-                )
-                break
+            outcome: Outcome = await self._generator.generate(prompt)
         except asyncio.CancelledError:
-            return  # revoked or lost: the state was dropped already
-        if self.states.get(state.partition) is not state:
-            return  # revoked while finishing
+            return  # revoked, lost or moved: the state was dropped already
+        except ServerRefuses as exc:
+            self._fail_fatally(FatalWorkerError(str(exc)))
+            return
+        p = state.partition
+        if self.states.get(p) is not state and self.parked.get(p) is not state:
+            return  # dropped while finishing
         state.tasks.pop(offset, None)
-        self.in_flight -= 1
-        state.retries += retries
-        state.watermark.finish(offset, record)
+        state.retries += outcome.retries
+        state.watermark.finish(offset, outcome.record)
         self._wake.set()
 
-    def _failure(self, prompt: PromptRecord, kind: str, error: str, status: int | None,
-                 attempts: int, started: float) -> Failure:
-        return Failure(id=prompt.id, run=self.run_id, settings_hash=self.settings_hash,
-                       prompt=prompt, failure=kind, error=error[:2000],  # type: ignore[arg-type]
-                       status=status, attempts=attempts, instance=self.config.instance,
-                       latency_s=round(time.monotonic() - started, 4))
+    def _observe_latency(self, seconds: float) -> None:
+        self.metrics.latency.observe(seconds)
+        self.latency_s = seconds if not self.latency_s else 0.9 * self.latency_s + 0.1 * seconds
 
     def _fail_fatally(self, error: BaseException) -> None:
         if self.fatal is None:
@@ -370,54 +347,66 @@ class Worker:
 
     # -- committing -------------------------------------------------------------
 
-    def _ready_total(self) -> int:
-        return sum(s.watermark.ready_count() for s in self.states.values())
-
     def _commit_due(self) -> bool:
         if time.monotonic() - self._last_commit >= self.config.commit_interval_s:
             return True
-        return self._ready_total() >= self.config.commit_max_records
+        ready = sum(s.watermark.ready_count() for s in self.states.values())
+        return ready >= self.config.commit_max_records
 
     def _commit(self, only: set[int] | None = None) -> int:
-        """One transaction: ready results + counters + input offsets. Returns
-        the number of records committed (0 when nothing was ready). Results
-        stay in the watermarks until the commit succeeded."""
-        assert self._committer is not None
+        """One transaction: ready results + counters + input offsets (each
+        slot's with its own group metadata). Returns the records committed;
+        results stay in the watermarks until the commit succeeded."""
+        assert self._txns is not None and self._members is not None
         self._last_commit = time.monotonic()
-        ready: list[tuple[PartitionState, PartitionCommit]] = []
+        if self.fatal is not None:
+            return 0
+        ready: list[tuple[PartitionState, list[CompletionRecord], int]] = []
         for p, state in self.states.items():
             if only is not None and p not in only:
                 continue
-            records, commit = state.watermark.peek_ready(self.config.commit_max_records)
-            if records and commit is not None:
-                ready.append((state, PartitionCommit(p, records, commit)))
-        if not ready:
+            records, next_offset = state.watermark.peek_ready(self.config.commit_max_records)
+            if records and next_offset is not None:
+                ready.append((state, records, next_offset))
+        heartbeat = time.monotonic() - self._last_committed >= self.config.heartbeat_s
+        if not ready and (only is not None or not heartbeat):
             return 0
-        all_records = [r for _, part in ready for r in part.records]
-        retries = sum(state.retries for state, _ in ready)
+        by_slot: dict[str, dict[int, int]] = {}
+        for state, _, next_offset in ready:
+            by_slot.setdefault(state.slot, {})[state.partition] = next_offset
+        slots = self._members.slots
+        all_records = [r for _, records, _ in ready for r in records]
         new_progress = msgspec.structs.replace(
-            counters.add_records(self._progress, all_records, retries),
+            counters.add_records(self._progress, all_records,
+                                 sum(state.retries for state, _, _ in ready)),
             concurrency_limit=self.limit, in_flight=self.in_flight)
         started = time.monotonic()
         try:
-            self._committer.commit([part for _, part in ready], new_progress)
-        except CommitAborted as exc:
+            with self._txns.transaction(lambda: [
+                    slots[name].group_offsets(self.prompts_topic, offsets)
+                    for name, offsets in by_slot.items() if name in slots]) as txn:
+                for state, records, _ in ready:
+                    for record in records:
+                        txn.produce(self.completions_topic, encode_record(record),
+                                    key=record.id.encode(), partition=state.partition)
+                txn.produce(topics.progress_topic(self.run_id), msgspec.json.encode(new_progress),
+                            key=self.progress_key.encode())
+        except TransactionAborted as exc:
             self.metrics.commits.labels("aborted").inc()
             log.warning("transaction aborted; results stay queued for the next commit",
                         error=str(exc))
             return 0
-        except CommitFatal as exc:
+        except KafkaFatal as exc:
             self.metrics.commits.labels("aborted").inc()
-            self._fail_fatally(FatalWorkerError(
-                f"transactional producer fenced or broken ({exc}); another instance with id "
-                f"{self.config.instance!r} may be running"))
+            self._fail_fatally(exc)
             return 0
-        for state, part in ready:
-            state.watermark.take(len(part.records))
+        for state, records, next_offset in ready:
+            state.watermark.take(len(records))
             state.retries = 0
-            state.committed = part.next_offset
-            self.metrics.committed_offset.labels(str(state.partition)).set(part.next_offset)
+            state.committed = next_offset
+            self.metrics.committed_offset.labels(str(state.partition)).set(next_offset)
         self._progress = new_progress
+        self._last_committed = time.monotonic()
         self.metrics.commits.labels("committed").inc()
         self.metrics.commit_seconds.observe(time.monotonic() - started)
         self._observe(all_records)
@@ -440,6 +429,51 @@ class Worker:
             self.metrics.accept_length.set(accept_sum / accept_n)
 
     # -- background loops -------------------------------------------------------
+
+    async def _fleet(self) -> None:
+        """Watch the group; open and close this worker's slots (KIP-848), or
+        repair partitions no member owns (classic)."""
+        assert self._members is not None
+        admin = kafka_clients.admin(self.settings)
+        stranded = groups.StrandedWatch(f"{self.config.instance}#",
+                                        grace_s=3 * self.config.fleet_interval_s)
+        while not self.stopping:
+            await asyncio.sleep(self.config.fleet_interval_s)
+            try:
+                view, state = await asyncio.to_thread(
+                    read_view, admin, group=self.group, topic=self.prompts_topic,
+                    partitions=self.spec.partitions,
+                    timeout_s=max(5.0, self.settings.connect_timeout_s))
+            except ViewUnavailable as exc:
+                log.debug("fleet view unavailable", error=str(exc))
+                continue
+            if self.stopping:
+                return
+            self.others_seen = any(m.worker != self.config.instance for m in view.members)
+            self._rates.observe(view)
+            if self.config.group_protocol == "classic":
+                if stranded.check(state, self.spec.partitions):
+                    for name in list(self._members.slots):
+                        self._members.rejoin(name)
+                continue
+            if self.config.fleet_balancing:
+                self._balance(view)
+
+    def _balance(self, view: FleetView) -> None:
+        assert self._members is not None
+        decision = decide(view, self._rates.rates_for(view.workers()), self.config.instance,
+                          my_latency_s=self.latency_s)
+        if decision.open or decision.close:
+            log.info("fleet: adjusting slots", open=decision.open, close=list(decision.close),
+                     why=decision.why)
+        for _ in range(decision.open):
+            self._members.open()
+        for name in decision.close:
+            if name in self._members.slots:
+                if len(self._members.slots) == 1:
+                    self._members.open()  # stay in the group, as a standby
+                self._members.close(name)
+        self.metrics.slots.set(len(self._members.slots))
 
     async def _auto_concurrency(self) -> None:
         assert self._client is not None
@@ -483,10 +517,15 @@ class Worker:
 
     def request_stop(self) -> None:
         if not self.stopping:
-            log.info("stopping: draining in-flight requests",
-                     in_flight=self.in_flight, drain_timeout_s=self.config.drain_timeout_s)
+            log.info("stopping", in_flight=self.in_flight, hand_over=self._hands_over())
         self.stopping = True
         self._wake.set()
+
+    def _hands_over(self) -> bool:
+        """With other workers in the group, a stopping worker gives its
+        partitions up at once (its requests in flight are redone there);
+        alone, it drains them first."""
+        return self.others_seen and self.config.group_protocol == "consumer"
 
     def _on_server_change(self, healthy: bool) -> None:
         self.metrics.server_up.set(1 if healthy else 0)
@@ -495,7 +534,20 @@ class Worker:
     # -- main loop ---------------------------------------------------------------
 
     async def run(self) -> int:
-        self._make_clients()
+        self.watchdog.start()
+        try:
+            self._make_clients()
+            await self._serve()
+        except KafkaFatal as exc:
+            self._fail_fatally(exc)
+        finally:
+            self._shutdown()
+            self.watchdog.stop()
+        if self.fatal is not None:
+            raise FatalWorkerError(str(self.fatal))
+        return self.exit_code
+
+    async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -513,67 +565,84 @@ class Worker:
             self._client = client
             self._gate = HealthGate(client.healthy, interval_s=self.config.health_interval_s,
                                     on_change=self._on_server_change)
+            self._generator = Generator(
+                client=client, gate=self._gate, spec=self.spec, instance=self.config.instance,
+                retry=self.config.retry,
+                on_retry=lambda kind: self.metrics.retries.labels(kind).inc(),
+                on_latency=self._observe_latency)
             if self.config.concurrency is None:
                 await self._initial_auto_limit()
                 self._background.append(loop.create_task(self._auto_concurrency()))
             if self.config.until_done:
                 self._background.append(loop.create_task(self._done_watch()))
+            self._background.append(loop.create_task(self._fleet()))
             log.info("consuming", run=self.run_id, instance=self.config.instance,
                      topic=self.prompts_topic, server=self.config.sglang_url,
+                     group_protocol=self.config.group_protocol,
                      concurrency=self.config.concurrency or f"auto (start {self.limit})")
             try:
                 await self._loop()
-                await self._drain()
+                await self._finish()
             finally:
                 for task in self._background:
                     task.cancel()
                 self._gate.close()
-                self._shutdown()
-        if self.fatal is not None:
-            raise self.fatal
-        return self.exit_code
 
     async def _loop(self) -> None:
         while not self.stopping:
+            self.watchdog.beat()
             self._poll()
             self._apply_pause()
             self._start_tasks()
+            self._expire_parked()
             if self._commit_due():
                 self._commit()
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=0.05)
-            except asyncio.TimeoutError:
-                pass
+            await self._idle(0.05)
 
-    async def _drain(self) -> None:
-        """Stop fetching, let in-flight requests finish (bounded), commit."""
+    async def _idle(self, seconds: float) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _finish(self) -> None:
+        """Stopping: hand over at once, or drain (bounded) when alone."""
+        assert self._members is not None
         if self.fatal is not None:
             return
         self._apply_pause()
-        deadline = time.monotonic() + self.config.drain_timeout_s
-        while self.in_flight > 0 and time.monotonic() < deadline:
-            self._poll()  # keeps the group membership alive
-            self._apply_pause()
-            if self._commit_due():
-                self._commit()
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=0.1)
-            except asyncio.TimeoutError:
-                pass
+        if not self._hands_over():
+            deadline = time.monotonic() + self.config.drain_timeout_s
+            while self.in_flight > 0 and time.monotonic() < deadline and self.fatal is None:
+                self.watchdog.beat()
+                self._poll()  # keeps the group membership alive
+                self._apply_pause()
+                self._expire_parked()
+                if self._commit_due():
+                    self._commit()
+                await self._idle(0.1)
+            if self.in_flight:
+                log.warning("drain timeout: abandoning in-flight requests",
+                            in_flight=self.in_flight)
         self._commit()
-        if self.in_flight:
-            log.warning("drain timeout: abandoning in-flight requests", in_flight=self.in_flight)
-            self._drop(set(self.states), "shutdown")
+        # Leaving the group revokes every partition: the revoke commits what
+        # is ready and drops the rest (counted as wasted).
+        self._members.close_all()
+        for p, state in list(self.parked.items()):
+            del self.parked[p]
+            self._drop_state(state, "shutdown")
 
     def _shutdown(self) -> None:
-        if self._consumer is not None:
-            try:
-                self._consumer.close()  # on_revoke commits anything still ready
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("closing the consumer", error=str(exc))
-        if self._producer is not None:
-            self._producer.flush(10)
-        log.info("stopped", instance=self.config.instance, committed=self._progress.completions
-                 + self._progress.failures, wasted=self.wasted)
+        """Never raises: a second error must not hide the first."""
+        try:
+            if self._members is not None:
+                self._members.close_all()
+            if self._producer is not None and self.fatal is None:
+                with self.watchdog.guard("flushing the producer", 30):
+                    self._producer.flush(10)
+        except Exception as exc:  # noqa: BLE001 - logged; the exit code says the rest
+            log.warning("shutting down", error=str(exc))
+        log.info("stopped", instance=self.config.instance,
+                 committed=self._progress.completions + self._progress.failures,
+                 wasted=self.wasted)

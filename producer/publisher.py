@@ -14,14 +14,12 @@ record must carry the id this run's publish order puts at its seq; otherwise
 the order changed (say, a different tokenmill version normalizes differently)
 and resuming would duplicate prompts, so the producer refuses.
 
-Fault injection for tests: `TOKENMILL_FAULT_PRODUCER_KILL_AFTER_TXNS=N` makes
-the process send the records of transaction N+1, flush them to the broker, and
-`os._exit(137)` before committing: a kill -9 in the worst place.
+The transaction protocol is the shared one (tokenmill/transactions.py); the
+records of a transaction are produced straight into it for speed.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from producer.errors import ProducerError, ResumeMismatch
@@ -41,12 +39,11 @@ from tokenmill import kafka_clients, topics
 from tokenmill.log import get_logger
 from tokenmill.progress import ensure_topic, read_producer_checkpoint
 from tokenmill.settings import Settings
+from tokenmill.transactions import KafkaFatal, TransactionAborted, Transactions
 
 log = get_logger("tokenmill.producer")
 
-FAULT_KILL_AFTER_TXNS = "TOKENMILL_FAULT_PRODUCER_KILL_AFTER_TXNS"
 TXN_TIMEOUT_S = 60.0
-COMMIT_ATTEMPTS = 3
 
 # librdkafka settings for bulk publishing: big batches, a bounded queue (a
 # transaction's worth), lz4 from the shared producer config.
@@ -103,7 +100,7 @@ _tail_decoder = msgspec.json.Decoder(_Tail)
 
 
 def transactional_id(run: str) -> str:
-    return f"tokenmill.{run}.producer"
+    return topics.transactional_id(run, "producer")
 
 
 class Publisher:
@@ -113,8 +110,7 @@ class Publisher:
         self._settings = settings
         self._run = run
         self._producer: Producer | None = None
-        fault = os.environ.get(FAULT_KILL_AFTER_TXNS)
-        self._kill_after = int(fault) if fault not in (None, "") else None
+        self._transactions: Transactions | None = None
 
     def fence(self) -> None:
         """Become the only producer of this run; aborts a dead predecessor's
@@ -128,6 +124,9 @@ class Publisher:
         except KafkaException as exc:
             raise ProducerError(f"could not start the transactional producer for run "
                                 f"{self._run}: {exc.args[0]}") from None
+        self._transactions = Transactions(self._producer,
+                                          transactional_id=transactional_id(self._run),
+                                          timeout_s=TXN_TIMEOUT_S)
 
     def checkpoint(self) -> ProducerCheckpoint | None:
         return read_producer_checkpoint(self._settings, self._run)
@@ -179,8 +178,10 @@ class Publisher:
             order = publish_order(plan.bucket_counts, plan.partitions)
             _skip(order, readers, resume)
             return self._publish_from(plan, resume.next_seq, order, readers, progress)
-        except KafkaException as exc:
-            raise ProducerError(_failure(plan.run, exc.args[0])) from None
+        except KafkaFatal as exc:
+            raise ProducerError(f"run {plan.run}: {exc}") from None
+        except (TransactionAborted, KafkaException) as exc:
+            raise ProducerError(_failure(plan.run, exc)) from None
         finally:
             for reader in readers.values():
                 reader.close()
@@ -198,58 +199,41 @@ class Publisher:
         lines = {bucket: reader.readline for bucket, reader in readers.items()}
         start = seq
         started = time.monotonic()
-        transactions = 0
+        transactions = self._transactions
+        assert transactions is not None
+        committed = 0
         while seq < total:
-            producer.begin_transaction()
-            deadline = time.monotonic() + plan.max_seconds
-            end = min(total, seq + plan.max_records)
-            size = 0
-            for partition, bucket in order:
-                line = lines[bucket]()
-                try:
-                    produce(topic, b'%b,"seq":%d,"v":1}' % (  # see records.finish_line
-                        memoryview(line)[32:-1], seq), line[:32], partition)  # type: ignore[str-format]
-                except BufferError:
-                    prompt_key, value = finish_line(line, seq)
-                    _produce_when_room(producer, topic, value, prompt_key, partition)
-                seq += 1
-                size += len(line)
-                if seq >= end or size >= plan.max_bytes:
-                    break
-                if not seq & 1023 and time.monotonic() > deadline:
-                    break
-            checkpoint = ProducerCheckpoint(
-                run=plan.run, next_seq=seq, total=total, done=seq == total,
-                per_partition=tuple(partition_sizes(seq, partitions)), updated_at=time.time(),
-                by_category=plan.by_category, by_source=plan.by_source,
-                rejected=plan.rejected, duplicates=plan.duplicates)
-            producer.produce(topics.progress_topic(plan.run), msgspec.json.encode(checkpoint), key)
-            if self._kill_after is not None and transactions >= self._kill_after:
-                producer.flush(30)  # the records reach the broker, uncommitted
-                log.warning("fault injection: exiting mid-transaction", seq=seq)
-                os._exit(137)
-            self._commit(plan, seq)
-            transactions += 1
+            with transactions.transaction() as txn:
+                deadline = time.monotonic() + plan.max_seconds
+                end = min(total, seq + plan.max_records)
+                size = 0
+                for partition, bucket in order:
+                    line = lines[bucket]()
+                    try:
+                        produce(topic, b'%b,"seq":%d,"v":1}' % (  # see records.finish_line
+                            memoryview(line)[32:-1], seq), line[:32], partition)  # type: ignore[str-format]
+                    except BufferError:
+                        prompt_key, value = finish_line(line, seq)
+                        txn.produce(topic, value, key=prompt_key, partition=partition)
+                    seq += 1
+                    size += len(line)
+                    if seq >= end or size >= plan.max_bytes:
+                        break
+                    if not seq & 1023 and time.monotonic() > deadline:
+                        break
+                checkpoint = ProducerCheckpoint(
+                    run=plan.run, next_seq=seq, total=total, done=seq == total,
+                    per_partition=tuple(partition_sizes(seq, partitions)), updated_at=time.time(),
+                    by_category=plan.by_category, by_source=plan.by_source,
+                    rejected=plan.rejected, duplicates=plan.duplicates)
+                txn.produce(topics.progress_topic(plan.run), msgspec.json.encode(checkpoint),
+                            key=key)
+            committed += 1
             if progress is not None:
                 progress(seq)
-        log.info("published", run=plan.run, prompts=seq - start, transactions=transactions,
+        log.info("published", run=plan.run, prompts=seq - start, transactions=committed,
                  seconds=round(time.monotonic() - started, 2))
         return seq - start
-
-    def _commit(self, plan: PublishPlan, seq: int) -> None:
-        assert self._producer is not None
-        for attempt in range(COMMIT_ATTEMPTS):
-            try:
-                self._producer.commit_transaction(TXN_TIMEOUT_S)
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.retriable() and attempt + 1 < COMMIT_ATTEMPTS:
-                    log.warning("commit retry", error=str(error))
-                    continue
-                if error.txn_requires_abort():
-                    self._producer.abort_transaction(TXN_TIMEOUT_S)
-                raise ProducerError(_failure(plan.run, error)) from None
 
     def close(self) -> None:
         if self._producer is not None:
@@ -259,27 +243,9 @@ class Publisher:
 
 def _failure(run: str, error: Any) -> str:
     """Why publishing stopped, and what to do; nothing uncommitted is visible."""
-    code = error.code() if hasattr(error, "code") else None
-    if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                KafkaError.INVALID_PRODUCER_EPOCH):
-        return (f"run {run}: another producer with the same transactional id "
-                f"({transactional_id(run)}) took over, so this one stopped; its uncommitted "
-                "prompts are discarded and the other one continues from the last commit")
     return (f"run {run}: publishing stopped ({error}); the open transaction is not visible "
             "to anyone. Run the same command again: it resumes after the last committed "
             "transaction.")
-
-
-def _produce_when_room(producer: Producer, topic: str, value: bytes, key: bytes,
-                       partition: int) -> None:
-    """The local queue is full: let librdkafka send, then try again."""
-    while True:
-        producer.poll(0.05)
-        try:
-            producer.produce(topic, value, key, partition)
-            return
-        except BufferError:
-            continue
 
 
 def _open_readers(plan: PublishPlan) -> dict[int, SpoolReader]:

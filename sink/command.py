@@ -14,8 +14,9 @@ from sink.service import SinkService, tune_gc
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
+from tokenmill.transactions import KafkaFatal
 
-register_known_error(SinkError)
+register_known_error(SinkError, KafkaFatal)
 
 
 class SizeType(click.ParamType):  # type: ignore[type-arg]
@@ -42,18 +43,22 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
 @click.option("--compression", type=click.Choice(["none", "zstd"]), default=None,
               help="Object compression [default: the run spec's s3.compression, else none].")
 @click.option("--instance", default=None,
-              help="Stable instance id: static group membership and the transactional id "
-                   "[default: the host name]. Unique per sink process.")
+              help="Stable instance id: the transactional id and the group member's client "
+                   "id [default: the host name]. Unique per sink process.")
 @click.option("--until-done", is_flag=True,
               help="Exit 0 once every prompt of the run is persisted (S3 or DLQ).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0,
               show_default=True, help="Serve Prometheus /metrics on this port (0: off).")
 @click.option("--create-bucket/--no-create-bucket", default=None,
               help="Create a missing bucket [default: only on a loopback endpoint].")
-@click.option("--session-timeout", "session_timeout_s", type=click.FloatRange(min=1),
-              default=30.0, show_default=True,
-              help="Group session timeout, seconds: how long a crashed sink keeps its "
-                   "partitions before the others take them over.")
+@click.option("--group-protocol", type=click.Choice(["consumer", "classic"]), default="consumer",
+              show_default=True,
+              help="consumer: KIP-848 (Kafka 4.0+); classic: the older protocol.")
+@click.option("--session-timeout", "session_timeout_s", type=click.FloatRange(1, 1800),
+              default=None,
+              help="Seconds a crashed sink keeps its partitions before the others take them "
+                   "over. KIP-848: the group's consumer.session.timeout.ms (default: the "
+                   "broker's); classic: the client's (default 30).")
 @click.option("--upload-concurrency", type=click.IntRange(min=1, max=64), default=4,
               show_default=True, help="Partitions whose batches upload in parallel.")
 @click.option("--conditional-writes/--no-conditional-writes", default=True, show_default=True,
@@ -62,7 +67,8 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
 def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: int,
          max_batch_age_s: float, compression: str | None, instance: str | None,
          until_done: bool, metrics_port: int, create_bucket: bool | None,
-         session_timeout_s: float, upload_concurrency: int, conditional_writes: bool) -> None:
+         group_protocol: str, session_timeout_s: float | None, upload_concurrency: int,
+         conditional_writes: bool) -> None:
     """Persist a run's completions: good samples to S3 as JSONL batches, the
     rest to the run's dead-letter topic, exactly once."""
     spec = RunRegistry(settings).get(run_id)
@@ -71,7 +77,8 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
         create_bucket=create_bucket,
         limits=BatchLimits(max_records=batch_size, max_bytes=max_batch_bytes,
                            max_age_s=max_batch_age_s),
-        until_done=until_done, metrics_port=metrics_port, session_timeout_s=session_timeout_s,
+        until_done=until_done, metrics_port=metrics_port, group_protocol=group_protocol,
+        session_timeout_s=session_timeout_s,
         upload_concurrency=upload_concurrency, conditional_writes=conditional_writes)
     service = SinkService(settings=settings, spec=spec, config=config)
     service.install_signal_handlers()

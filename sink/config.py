@@ -3,9 +3,7 @@ and the run spec. Pure."""
 
 from __future__ import annotations
 
-import os
 import socket
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from schemas import RunSpec
@@ -13,11 +11,9 @@ from sink.batcher import BatchLimits
 from sink.errors import SinkError
 from sink.object_keys import Compression, normalize_prefix
 from sink.s3_writer import is_local_endpoint
+from tokenmill import topics
+from tokenmill.groups import GroupProtocol
 from tokenmill.settings import Settings
-
-# Fault injection for crash tests: exit with 137 (as after kill -9) right
-# after the Nth object upload, before its commit.
-FAULT_EXIT_AFTER_UPLOAD_ENV = "TOKENMILL_FAULT_SINK_EXIT_AFTER_UPLOAD"
 
 
 @dataclass(frozen=True)
@@ -33,7 +29,10 @@ class SinkConfig:
     create_bucket: bool = False
     until_done: bool = False
     metrics_port: int = 0
-    session_timeout_s: float = 30.0
+    group_protocol: GroupProtocol = "consumer"
+    # KIP-848: the group's consumer.session.timeout.ms when set (else the
+    # broker's default); classic: the client's (default 30 s).
+    session_timeout_s: float | None = None
     consume_batch: int = 2000
     fetch_wait_max_ms: int = 50
     poll_timeout_s: float = 0.5
@@ -42,29 +41,30 @@ class SinkConfig:
     max_buffer_bytes: int = 256 * 1024 * 1024
     conditional_writes: bool = True
     done_check_interval_s: float = 2.0
-    exit_after_upload: int | None = None
+    transaction_timeout_s: float = 30.0
+    # An idle sink still commits its counters this often: `status` sees it
+    # alive, and a duplicate --instance that fenced it is noticed.
+    heartbeat_s: float = 10.0
+    stall_s: float = 300.0  # longest loop turn without a beat (an upload round can be long)
 
     @property
     def transactional_id(self) -> str:
-        return f"tokenmill.{self.run}.sink.{self.instance}"
+        return topics.transactional_id(self.run, "sink", self.instance)
 
 
 def default_instance() -> str:
-    """Stable across restarts of the same host (static membership and the
-    transactional id depend on it); run several sinks on one host with
-    distinct `--instance` values."""
+    """Stable across restarts of the same host (the transactional id depends
+    on it); run several sinks on one host with distinct `--instance` values."""
     return socket.gethostname().split(".")[0] or "sink"
 
 
 def resolve(settings: Settings, spec: RunSpec, *, instance: str | None,
             compression: Compression | None, create_bucket: bool | None,
-            limits: BatchLimits, environ: Mapping[str, str] | None = None,
-            **rest: object) -> SinkConfig:
+            limits: BatchLimits, **rest: object) -> SinkConfig:
     """Flags and environment win over the run spec's S3 destination.
 
     `create_bucket` None means: create a missing bucket only on a loopback
     endpoint (the dev stack, tests), never on AWS or a remote endpoint."""
-    environ = os.environ if environ is None else environ
     destination = spec.s3
     bucket = settings.s3_bucket or (destination.bucket if destination else None)
     if not bucket:
@@ -75,7 +75,6 @@ def resolve(settings: Settings, spec: RunSpec, *, instance: str | None,
     chosen: Compression = compression or (destination.compression if destination else "none")
     if create_bucket is None:
         create_bucket = is_local_endpoint(settings.s3_endpoint_url)
-    fault = environ.get(FAULT_EXIT_AFTER_UPLOAD_ENV)
     return SinkConfig(
         run=spec.run_id,
         instance=instance or default_instance(),
@@ -84,7 +83,6 @@ def resolve(settings: Settings, spec: RunSpec, *, instance: str | None,
         compression=chosen,
         limits=limits,
         create_bucket=create_bucket,
-        exit_after_upload=int(fault) if fault else None,
         **rest,  # type: ignore[arg-type]
     )
 

@@ -36,12 +36,3 @@ class S3Failed(SinkError):
     """An S3 request failed after botocore's retries. Nothing of the batch is
     committed; the restarted sink replays it (same key, pinned)."""
 
-
-class KafkaFailed(SinkError):
-    """A fatal Kafka error (e.g. this instance was fenced by another process
-    with the same --instance). Nothing uncommitted counts; a restart replays."""
-
-
-class CommitAborted(SinkError):
-    """The flush transaction was aborted (e.g. the group generation moved on);
-    nothing of it is committed, and its batches must be replayed."""

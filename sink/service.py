@@ -31,7 +31,6 @@ if its uploads are done, start the next -> until-done check.
 from __future__ import annotations
 
 import gc
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -49,23 +48,18 @@ from sink import counters, dlq, object_keys, objects, routing, samples
 from sink.batcher import Batch, PartitionBatcher
 from sink.committer import Committer
 from sink.config import SinkConfig
-from sink.errors import (
-    CommitAborted,
-    InvalidRecord,
-    KafkaFailed,
-    ObjectConflict,
-    S3Failed,
-)
+from sink.errors import InvalidRecord, ObjectConflict, S3Failed
 from sink.metrics import SinkMetrics
 from sink.s3_writer import S3Writer, Uploaded, make_client
-from tokenmill import kafka_clients, topics
+from tokenmill import groups, kafka_clients, topics
 from tokenmill import progress as run_progress
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
+from tokenmill.transactions import KafkaFatal, TransactionAborted, Transactions
+from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.sink")
 
-CRASH_EXIT_CODE = 137
 LAG_INTERVAL_S = 5.0
 ROUND_POLL_S = 0.01
 
@@ -111,7 +105,6 @@ class SinkService:
         self.writers: dict[int, PartitionBatcher] = {}
         self._at_eof: set[int] = set()
         self._stopping = False
-        self._uploads = 0
         self._consumer: Any = None
         self._committer: Committer | None = None
         self._s3: S3Writer | None = None
@@ -119,6 +112,9 @@ class SinkService:
         self._round: Round | None = None
         self._lines = samples.LineEncoder()
         self.progress = SinkProgress(run=spec.run_id, instance=config.instance)
+        self.watchdog = Watchdog(f"sink {config.instance}", stall_s=config.stall_s)
+        self._stranded = groups.StrandedWatch(f"{config.instance}#", grace_s=10.0)
+        self._last_commit = clock()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -145,19 +141,39 @@ class SinkService:
         self._s3.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
 
         producer = kafka_clients.transactional_producer(self.settings, config.transactional_id)
+        self.watchdog.start()
+        try:
+            self._serve(producer)
+        finally:
+            self.watchdog.stop()
+        log.info("sink stopped", s3_records=self.progress.s3_records,
+                 s3_objects=self.progress.s3_objects, dlq_records=self.progress.dlq_records)
+        return 0
+
+    def _serve(self, producer: Any) -> None:
+        config = self.config
         # Fences an earlier incarnation and aborts its open transaction, so the
         # progress value read next is final.
-        producer.init_transactions(max(30.0, self.settings.connect_timeout_s))
+        try:
+            with self.watchdog.guard("init_transactions", 120):
+                producer.init_transactions(max(30.0, self.settings.connect_timeout_s))
+        except KafkaException as exc:
+            raise KafkaFatal(f"could not start transactional producer "
+                             f"{config.transactional_id}: {exc.args[0] if exc.args else exc}"
+                             ) from None
         run_progress.ensure_topic(self.settings, config.run)
         key = sink_key(config.run, config.instance)
         self.progress = counters.start(config.run, config.instance,
                                        run_progress.read_one(self.settings, key))
+        group = topics.sink_group(config.run)
+        if config.group_protocol == "consumer" and config.session_timeout_s:
+            groups.set_session_timeout(kafka_clients.admin(self.settings), group,
+                                       config.session_timeout_s, self.settings.connect_timeout_s)
         consumer = self._consumer = kafka_clients.consumer(
-            self.settings, topics.sink_group(config.run), {
-                "partition.assignment.strategy": "cooperative-sticky",
-                "group.instance.id": config.instance,
-                "session.timeout.ms": int(config.session_timeout_s * 1000),
-                "heartbeat.interval.ms": max(100, int(config.session_timeout_s * 1000 / 10)),
+            self.settings, group, {
+                **groups.member_config(config.group_protocol,
+                                       client_id=f"{config.instance}#0",
+                                       session_timeout_s=config.session_timeout_s),
                 "enable.partition.eof": True,
                 # The default 500 ms caps a read_committed backlog at a few
                 # thousand 10 KB records/s; 50 ms costs 20 idle fetches/s.
@@ -167,40 +183,50 @@ class SinkService:
                 "fetch.queue.backoff.ms": 20,
             })
         self._committer = Committer(
-            producer=producer, group_metadata=consumer.consumer_group_metadata,
+            transactions=Transactions(producer, transactional_id=config.transactional_id,
+                                      timeout_s=config.transaction_timeout_s,
+                                      watchdog=self.watchdog),
+            group_metadata=consumer.consumer_group_metadata,
             source_topic=self.topic, dlq_topic=self.dlq_topic,
             progress_topic=topics.progress_topic(config.run), progress_key=key)
         log.info("sink started", run=config.run, instance=config.instance, bucket=config.bucket,
                  prefix=config.prefix, compression=config.compression,
                  batch_size=config.limits.max_records, max_batch_bytes=config.limits.max_bytes,
                  max_batch_age_s=config.limits.max_age_s, s3_records=self.progress.s3_records,
-                 dlq_records=self.progress.dlq_records)
+                 dlq_records=self.progress.dlq_records, group_protocol=config.group_protocol)
         self._pool = ThreadPoolExecutor(max_workers=config.upload_concurrency,
                                         thread_name_prefix="sink-upload")
         metrics_server = None
+        failed = True
         try:
             if config.metrics_port:
                 metrics_server = self.metrics.serve(config.metrics_port)
             consumer.subscribe([self.topic], on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             self._loop()
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else exc
-            hint = (f"; is another sink running with --instance {config.instance}?"
-                    if "fenced" in str(error).lower() else "")
-            raise KafkaFailed(f"kafka: {error}{hint}") from exc
+            failed = False
         finally:
-            self._pool.shutdown(wait=True)
-            # After a failure, a round still here is abandoned, not committed
-            # by the revoke that close() runs: the next owner replays it.
-            self._round = None
-            consumer.close()
-            producer.flush(5)
+            self._close(consumer, producer, failed)
             if metrics_server is not None:
                 metrics_server.shutdown()
-        log.info("sink stopped", s3_records=self.progress.s3_records,
-                 s3_objects=self.progress.s3_objects, dlq_records=self.progress.dlq_records)
-        return 0
+
+    def _close(self, consumer: Any, producer: Any, failed: bool) -> None:
+        """Leave the group (SIGTERM: at once, so the partitions move now) and
+        flush. Never raises: a second error must not hide the first."""
+        assert self._pool is not None
+        try:
+            self._pool.shutdown(wait=True)
+            if failed:
+                # A round still here is abandoned, not committed by the revoke
+                # that close() runs: the next owner replays it.
+                self._round = None
+            with self.watchdog.guard("closing the consumer", 60):
+                consumer.close()
+            if not failed:
+                with self.watchdog.guard("flushing the producer", 30):
+                    producer.flush(5)
+        except Exception as exc:  # noqa: BLE001 - logged; the first error is what counts
+            log.warning("closing the sink's clients", error=str(exc))
 
     # -- rebalance callbacks (run inside consume(), on this thread) ------------
 
@@ -249,6 +275,7 @@ class SinkService:
         next_done_check = 0.0
         next_lag = 0.0
         while not self._stopping:
+            self.watchdog.beat()
             # While uploads are in flight, come back quickly to commit them.
             timeout = ROUND_POLL_S if self._round is not None else config.poll_timeout_s
             messages = self._consumer.consume(num_messages=config.consume_batch, timeout=timeout)
@@ -260,7 +287,10 @@ class SinkService:
             now = self.clock()
             if now >= next_lag:
                 self._update_lag()
+                self._repair_stranded()
                 next_lag = now + LAG_INTERVAL_S
+            if self._round is None and now - self._last_commit >= config.heartbeat_s:
+                self._heartbeat()
             if (config.until_done and now >= next_done_check and self._round is None
                     and self._all_at_eof()):
                 if self._check_done():
@@ -279,7 +309,7 @@ class SinkService:
                 self._at_eof.add(partition)
                 return
             if error.fatal() or error.code() == KafkaError._FATAL:
-                raise KafkaException(error)
+                raise KafkaFatal(f"sink {self.config.instance}: {error.str()}")
             log.warning("consumer error", error=str(error))
             return
         writer = self.writers.get(partition)
@@ -380,7 +410,6 @@ class SinkService:
                 failure = failure or exc
         if failure is not None:
             raise failure
-        self._fault_point(sum(1 for _, _, u in done if u is not None))
         for writer in conflicted:
             self._rewind(writer, leaving)
         if not done:
@@ -403,12 +432,13 @@ class SinkService:
         started = time.perf_counter()
         try:
             self._committer.commit(batches, updated)
-        except CommitAborted:
+        except TransactionAborted:
             self.metrics.aborts.inc()
             for writer, _, _ in done:
                 self._rewind(writer, leaving)
             return
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
+        self._last_commit = self.clock()
         # Committed: forget the batches, count them.
         self.progress = updated
         for writer, batch, _ in done:
@@ -459,16 +489,6 @@ class SinkService:
                 self._s3.delete(obj.key)
         return uploaded
 
-    def _fault_point(self, uploaded: int) -> None:
-        limit = self.config.exit_after_upload
-        if limit is None or not uploaded:
-            return
-        self._uploads += uploaded
-        if self._uploads >= limit:
-            log.warning("fault injection: exiting after upload, before commit",
-                        uploads=self._uploads)
-            os._exit(CRASH_EXIT_CODE)
-
     def _rewind(self, writer: PartitionBatcher, leaving: set[int]) -> None:
         offset = writer.rewind()
         self._at_eof.discard(writer.partition)
@@ -499,6 +519,33 @@ class SinkService:
                 log.info("nothing more to come: flushing open batches", partitions=drained)
                 self._flush_all()
         return False
+
+    def _heartbeat(self) -> None:
+        """Commit the counters alone (no offsets): the instance is alive."""
+        assert self._committer is not None
+        self._last_commit = self.clock()
+        beat = counters.plus(self.progress, now=time.time())
+        try:
+            self._committer.commit([], beat)
+        except TransactionAborted:
+            return
+        self.progress = beat
+
+    def _repair_stranded(self) -> None:
+        """Classic protocol: partitions owned by no member of a stable group
+        are taken back by one member rejoining (tokenmill/groups.py)."""
+        if self.config.group_protocol != "classic":
+            return
+        try:
+            state = groups.describe(kafka_clients.admin(self.settings),
+                                    topics.sink_group(self.config.run), self.topic, 5.0)
+        except KafkaException as exc:
+            log.debug("group description unavailable", error=str(exc))
+            return
+        if self._stranded.check(state, self.spec.partitions):
+            self._consumer.unsubscribe()
+            self._consumer.subscribe([self.topic], on_assign=self._on_assign,
+                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _update_lag(self) -> None:
         if not self.writers:

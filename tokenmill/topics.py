@@ -28,6 +28,13 @@ def progress_topic(run_id: str) -> str:
     return f"tokenmill.{run_id}.progress"
 
 
+def transactional_id(run_id: str, role: str, instance: str | None = None) -> str:
+    """Stable per process role and instance, so that a restart fences its
+    predecessor (`tokenmill.<run>.producer`, `.consumer.<instance>`,
+    `.sink.<instance>`)."""
+    return f"tokenmill.{run_id}.{role}" + (f".{instance}" if instance else "")
+
+
 def generate_group(run_id: str) -> str:
     return f"tokenmill.{run_id}.generate"
 

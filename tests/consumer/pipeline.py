@@ -97,7 +97,7 @@ class ConsumerProcess:
         self.args = [sys.executable, "-m", "tokenmill.cli", "consume", "--run", run_id,
                      "--sglang-url", sglang_url, "--instance", instance,
                      "--bootstrap-servers", settings.bootstrap_servers,
-                     "--log-format", "json", "--session-timeout-ms", "6000",
+                     "--log-format", "json", "--session-timeout", "6",
                      "--commit-interval", "0.5", *extra]
         self.instance = instance
         self.log_path = log_dir / f"consumer-{instance}.log"

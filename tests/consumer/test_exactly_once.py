@@ -18,14 +18,16 @@ from tokenmill.simulator import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-FAST = SimulatorConfig(zero_delay=True, length_median=40, length_sigma=0.3, length_max=200)
+# Paced so that the run lasts long enough (~10 s) for all three to join:
+# with KIP-848 the first worker owns everything until the others arrive.
+PACED = SimulatorConfig(time_scale=2.0, length_median=40, length_sigma=0.3, length_max=200)
 
 
 def test_three_consumers_one_record_per_prompt(settings, run_id, tmp_path) -> None:
     spec = create_run(settings, run_id, partitions=6)
     prompts = make_prompts(run_id, 2000, tools_every=7)
     publish(settings, spec, prompts)
-    with running_simulator(FAST) as url:
+    with running_simulator(PACED) as url:
         workers = [ConsumerProcess(settings, run_id, url, f"w{i}", tmp_path, "--until-done",
                                    "--concurrency", "32").start() for i in range(3)]
         try:

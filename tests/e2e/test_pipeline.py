@@ -121,7 +121,7 @@ def test_end_to_end_exactly_once_with_crashes(settings, services, run_id, tmp_pa
     consumers = [Service(f"consumer{i}", cli("consume", "--run", run_id, "--sglang-url", url,
                                              "--instance", f"c{i}", "--until-done",
                                              "--concurrency", "24", "--commit-interval", "0.5",
-                                             "--session-timeout-ms", "6000", "--max-attempts", "2",
+                                             "--session-timeout", "6", "--max-attempts", "2",
                                              "--retry-base", "0.05"), env, tmp_path)
                  for i, url in enumerate(urls)]
     sink = Service("sink", cli("sink", "--run", run_id, "--instance", "s0", "--until-done",

@@ -56,16 +56,20 @@ def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def cli_args(run_id: str, files: list[Path], *extra: str) -> list[str]:
-    return [sys.executable, "-m", "tokenmill.cli", "produce", *map(str, files),
+def cli_args(run_id: str, files: list[Path], *extra: str,
+             kill_at: str | None = None) -> list[str]:
+    """`kill_at` ("STEP:N"): die at that step of the Nth transaction (tests/faults.py)."""
+    entry = ["tests.faults", "--kill-at", kill_at, "--"] if kill_at else ["tokenmill.cli"]
+    return [sys.executable, "-m", *entry, "produce", *map(str, files),
             "--run", run_id, "--gpus", "1", *extra]
 
 
 def run_cli(settings: Settings, run_id: str, files: list[Path], *extra: str,
-            env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(run_id, files, *extra), env=env or cli_env(settings),
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          check=False)
+            env: dict[str, str] | None = None, timeout: float = 120,
+            kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_args(run_id, files, *extra, kill_at=kill_at),
+                          env=env or cli_env(settings), capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, check=False)
 
 
 def prompts(settings: Settings, run_id: str, committed_only: bool = True,

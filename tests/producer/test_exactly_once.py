@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from producer.publisher import FAULT_KILL_AFTER_TXNS
 from producer.synthetic import records, write_jsonl
 from tests.producer.helpers import (
     REPO,
@@ -37,9 +36,11 @@ def _dataset(tmp_path: Path, n: int) -> Path:
 
 def test_injected_crash_mid_transaction_then_rerun(settings, run_id, tmp_path: Path) -> None:
     path = _dataset(tmp_path, 3000)
-    env = cli_env(settings, **{FAULT_KILL_AFTER_TXNS: "2"})
-    crashed = run_cli(settings, run_id, [path], "--transaction-records", "500", env=env)
+    # Dies as its third transaction commits, after its records reached the broker.
+    crashed = run_cli(settings, run_id, [path], "--transaction-records", "500",
+                      kill_at="committing:3")
     assert crashed.returncode == 137, crashed.stderr
+    assert "fault injection: killed" in crashed.stderr
     # Two transactions committed; the third reached the broker but never committed.
     assert len(prompts(settings, run_id)) == 1000
     assert len(prompts(settings, run_id, committed_only=False)) == 1500

@@ -224,16 +224,18 @@ def sink_env(settings: Settings, **extra: str) -> dict[str, str]:
         "TOKENMILL_LOG_FORMAT": "json",
         "PYTHONPATH": str(REPO),
     })
-    env.pop("TOKENMILL_FAULT_SINK_EXIT_AFTER_UPLOAD", None)
     env.update(extra)
     return env
 
 
 def start_sink(settings: Settings, run_id: str, *args: str, log_path: Path,
-               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+               env: dict[str, str] | None = None,
+               kill_at: str | None = None) -> subprocess.Popen[bytes]:
+    """`kill_at` ("STEP:N"): die at that step of the Nth transaction (tests/faults.py)."""
     log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
+    entry = ["tests.faults", "--kill-at", kill_at, "--"] if kill_at else ["tokenmill.cli"]
     return subprocess.Popen(
-        [sys.executable, "-m", "tokenmill.cli", "sink", "--run", run_id, *args],
+        [sys.executable, "-m", *entry, "sink", "--run", run_id, *args],
         env=env or sink_env(settings), stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
 
 
@@ -267,7 +269,7 @@ def make_service(settings: Settings, spec: RunSpec, *, instance: str = "inproc",
 
     sink_config = resolve(
         settings, spec, instance=instance, compression=compression,  # type: ignore[arg-type]
-        create_bucket=True, environ={},
+        create_bucket=True,
         limits=BatchLimits(max_records=batch_size, max_bytes=max_batch_bytes,
                            max_age_s=max_batch_age_s),
         until_done=True, session_timeout_s=config.pop("session_timeout_s", 6.0),

@@ -377,22 +377,21 @@ def test_destination_precedence_flags_env_over_spec() -> None:
     spec = make_spec("r", bucket="spec-bucket", compression="zstd")
     limits = BatchLimits()
     from_spec = resolve(Settings(), spec, instance="i", compression=None, create_bucket=None,
-                        limits=limits, environ={})
+                        limits=limits)
     assert (from_spec.bucket, from_spec.prefix, from_spec.compression) == (
         "spec-bucket", "out/", "zstd")
     assert from_spec.create_bucket is False  # AWS: never implicitly
     assert from_spec.transactional_id == "tokenmill.r.sink.i"
     override = resolve(Settings(s3_bucket="b", s3_prefix="p", s3_endpoint_url="http://127.0.0.1:9"),
                        spec, instance="i", compression="none", create_bucket=None,
-                       limits=limits, environ={"TOKENMILL_FAULT_SINK_EXIT_AFTER_UPLOAD": "3"})
+                       limits=limits)
     assert (override.bucket, override.prefix, override.compression) == ("b", "p/", "none")
     assert override.create_bucket is True  # loopback endpoint
-    assert override.exit_after_upload == 3
     from sink.errors import SinkError
 
     with pytest.raises(SinkError, match="no S3 bucket"):
         resolve(Settings(), make_spec("r"), instance="i", compression=None, create_bucket=None,
-                limits=limits, environ={})
+                limits=limits)
 
 
 def test_dead_letter_wire_mirrors_the_schema() -> None:

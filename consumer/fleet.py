@@ -1,0 +1,223 @@
+"""Capacity-weighted partition ownership, decided by each worker for itself.
+
+Kafka's group machinery does every assignment (KIP-848, the broker's
+`uniform` assignor); tokenmill only chooses how many group members each
+worker runs. A worker runs one member ("slot") per partition it should own:
+with at least as many members as partitions, the assignor gives every
+member at most one partition, so a worker's share of the run is its number
+of slots, and closing one slot hands over exactly one partition.
+
+Each worker observes the same fleet (group members and their partitions,
+every partition's remaining records, each worker's measured rate) and acts
+only on its own slots:
+
+- split: a slot that owns several partitions (after a crash, or at start)
+  gets company: the worker opens slots until every member owns at most one;
+- demand: a worker that will run out of work well before the fleet
+  (its ETA below the fleet's by more than the slack) opens a standby slot,
+  a member with no partition, and closes it when the demand is gone;
+- donate: a worker whose ETA is above the fleet's, seeing another worker's
+  standby, closes the slot whose partition, moved there, shortens the
+  longer of the two ETAs the most, counting the requests the receiver must
+  redo. The assignor gives the freed partition to the standby (the only
+  member without one).
+
+So a mixed fleet converges to shares proportional to measured rates, and
+near the end idle workers take over the remaining work of slower ones,
+wasting at most the in-flight requests of the partitions that move.
+
+Everything here is pure: the view comes from `consumer/fleet_view.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+SLOT_SEPARATOR = "#"
+
+
+class Member(msgspec.Struct, frozen=True):
+    worker: str
+    slot: str  # this member's client id: "<worker>#<n>"
+    partitions: tuple[int, ...]
+
+
+class FleetView(msgspec.Struct, frozen=True):
+    at: float  # monotonic seconds of the observation
+    stable: bool  # every member owns its target assignment (no move under way)
+    members: tuple[Member, ...]
+    committed: Mapping[int, int]  # partition -> committed input offset
+    end: Mapping[int, int]  # partition -> last stable offset
+    partitions: int
+
+    def backlog(self, partition: int) -> int:
+        """Records left, about: the producer's commit marker after a
+        partition's last record takes one offset, so a finished partition
+        shows end - committed == 1."""
+        return max(0, self.end.get(partition, 0) - self.committed.get(partition, 0) - 1)
+
+    def owner(self) -> dict[int, str]:
+        return {p: m.worker for m in self.members for p in m.partitions}
+
+    def workers(self) -> set[str]:
+        return {m.worker for m in self.members}
+
+    def worker_backlog(self, worker: str) -> int:
+        return sum(self.backlog(p) for m in self.members if m.worker == worker
+                   for p in m.partitions)
+
+    def total_backlog(self) -> int:
+        return sum(self.backlog(p) for p in range(self.partitions))
+
+
+class Params(msgspec.Struct, frozen=True):
+    min_slack_s: float = 5.0  # ETA differences below this are noise
+    slack_share: float = 0.1  # ... or below this share of the fleet's ETA
+    max_open_per_round: int = 2
+    max_slots: int = 256
+
+
+class Decision(msgspec.Struct, frozen=True):
+    open: int = 0  # new slots to open
+    close: tuple[str, ...] = ()  # slots (client ids) to close
+    why: str = ""
+
+
+def slot_name(worker: str, number: int) -> str:
+    return f"{worker}{SLOT_SEPARATOR}{number}"
+
+
+def worker_of(client_id: str) -> str:
+    return client_id.rsplit(SLOT_SEPARATOR, 1)[0]
+
+
+# -- rates ---------------------------------------------------------------------
+
+class RateTracker:
+    """Each worker's capacity in records/s, from how fast the committed
+    offsets of the partitions it owned moved between two views.
+
+    Only intervals in which the worker had work at both ends count, so an
+    idle worker keeps its capacity instead of decaying to zero; `halflife_s`
+    smooths, and a newly seen worker gets the fleet's median until measured.
+    """
+
+    def __init__(self, halflife_s: float = 20.0) -> None:
+        self.halflife_s = halflife_s
+        self.rates: dict[str, float] = {}
+        self._last: FleetView | None = None
+
+    def observe(self, view: FleetView) -> None:
+        last, self._last = self._last, view
+        if last is None or view.at <= last.at:
+            return
+        dt = view.at - last.at
+        before, after = last.owner(), view.owner()
+        done: dict[str, int] = {}
+        busy: dict[str, bool] = {}
+        for p, worker in after.items():
+            if before.get(p) != worker:
+                continue  # moved in between: count neither side
+            done[worker] = done.get(worker, 0) + max(
+                0, view.committed.get(p, 0) - last.committed.get(p, 0))
+            busy[worker] = busy.get(worker, False) or (
+                last.backlog(p) > 0 and view.backlog(p) > 0)
+        weight = 1.0 - 0.5 ** (dt / self.halflife_s)
+        for worker, count in done.items():
+            if not busy.get(worker) and count == 0:
+                continue  # idle: says nothing about capacity
+            rate = count / dt
+            old = self.rates.get(worker)
+            self.rates[worker] = rate if old is None else old + weight * (rate - old)
+
+    def rate(self, worker: str) -> float | None:
+        return self.rates.get(worker)
+
+    def rates_for(self, workers: Iterable[str]) -> dict[str, float]:
+        """Every worker's rate, the median standing in for the unmeasured;
+        an empty dict until anyone is measured."""
+        known = sorted(r for r in self.rates.values() if r > 0)
+        if not known:
+            return {}
+        median = known[len(known) // 2]
+        return {w: self.rates.get(w) or median for w in workers}
+
+
+# -- the decision -----------------------------------------------------------------
+
+def eta(backlog: float, rate: float) -> float:
+    return backlog / rate if rate > 0 else (0.0 if backlog == 0 else math.inf)
+
+
+def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
+           my_latency_s: float, params: Params = Params()) -> Decision:
+    """What worker `me` does with its own slots, given the fleet."""
+    mine = [m for m in view.members if m.worker == me]
+    standbys = [m for m in mine if not m.partitions]
+    if not view.stable:
+        return Decision(why="group rebalancing")
+    # 1. split multi-partition slots until every member owns at most one.
+    excess = sum(len(m.partitions) - 1 for m in mine if len(m.partitions) > 1)
+    if excess and len(view.members) < view.partitions:
+        room = params.max_slots - len(mine)
+        return Decision(open=max(0, min(excess, params.max_open_per_round, room)),
+                        why="split slots owning several partitions")
+    total = view.total_backlog()
+    if total == 0 or not rates or me not in rates:
+        if standbys and total == 0:
+            return Decision(close=tuple(m.slot for m in standbys), why="no work left")
+        return Decision(why="no rates yet" if total else "no work left")
+    workers = view.workers()
+    fleet_rate = sum(rates.get(w, 0.0) for w in workers)
+    fleet_eta = eta(total, fleet_rate)
+    slack = max(params.min_slack_s, params.slack_share * fleet_eta)
+    my_eta = eta(view.worker_backlog(me), rates[me])
+    # 2. demand: well ahead of the fleet -> one standby (keep it while ahead).
+    ahead = my_eta < fleet_eta - slack
+    if ahead and not standbys and len(mine) < params.max_slots:
+        return Decision(open=1, why=f"ahead of the fleet (eta {my_eta:.0f}s vs {fleet_eta:.0f}s)")
+    if standbys and not ahead:
+        return Decision(close=tuple(m.slot for m in standbys), why="caught up with the fleet")
+    if len(standbys) > 1:
+        return Decision(close=tuple(m.slot for m in standbys[1:]), why="one standby is enough")
+    # 3. donate: behind the fleet and someone else waits with a standby.
+    receivers = {m.worker for m in view.members if not m.partitions and m.worker != me}
+    if my_eta <= fleet_eta + slack or not receivers or standbys:
+        return Decision()
+    receiver = min(receivers, key=lambda w: (eta(view.worker_backlog(w), rates[w]), w))
+    move = best_move(view, rates, me, receiver, my_latency_s)
+    if move is None:
+        return Decision()
+    slot, gain = move
+    if gain < slack:
+        return Decision()
+    return Decision(close=(slot,), why=f"hand a partition to {receiver} (saves {gain:.0f}s)")
+
+
+def best_move(view: FleetView, rates: Mapping[str, float], donor: str, receiver: str,
+              donor_latency_s: float) -> tuple[str, float] | None:
+    """The donor's single-partition slot whose move to the receiver shortens
+    the later of the two ETAs the most, and by how many seconds. Moving
+    costs the receiver the requests it must redo: about one request latency
+    there (the donor's latency, scaled by the two rates)."""
+    r_donor, r_receiver = rates[donor], rates[receiver]
+    donor_backlog = view.worker_backlog(donor)
+    receiver_backlog = view.worker_backlog(receiver)
+    before = max(eta(donor_backlog, r_donor), eta(receiver_backlog, r_receiver))
+    redo_s = donor_latency_s * (r_donor / r_receiver if r_receiver > 0 else 1.0)
+    best: tuple[str, float] | None = None
+    for member in view.members:
+        if member.worker != donor or len(member.partitions) != 1:
+            continue
+        b = view.backlog(member.partitions[0])
+        if b == 0:
+            continue
+        after = max(eta(donor_backlog - b, r_donor),
+                    eta(receiver_backlog + b, r_receiver) + redo_s)
+        gain = before - after
+        if best is None or gain > best[1]:
+            best = (member.slot, gain)
+    return best

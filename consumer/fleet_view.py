@@ -1,0 +1,45 @@
+"""Observe the fleet from Kafka's own state (three admin requests): the
+group's members with their partitions (KIP-848 describe), the group's
+committed offsets and every partition's last stable offset. No channel of
+our own: every worker sees the same facts. Blocking; call it off the loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from consumer.fleet import FleetView, Member, worker_of
+from tokenmill import groups
+
+
+class ViewUnavailable(RuntimeError):
+    """The admin requests failed (broker restarting, coordinator moving)."""
+
+
+def read_view(admin: AdminClient, *, group: str, topic: str, partitions: int,
+              timeout_s: float = 10.0) -> tuple[FleetView, groups.GroupState]:
+    try:
+        state = groups.describe(admin, group, topic, timeout_s)
+        offsets = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group)], request_timeout=timeout_s)[group].result()
+        ends = admin.list_offsets(
+            {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+            isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
+        end = {tp.partition: int(f.result().offset) for tp, f in ends.items()}
+    except KafkaException as exc:
+        raise ViewUnavailable(str(exc.args[0] if exc.args else exc)) from None
+    members = tuple(Member(worker=worker_of(m.client_id), slot=m.client_id,
+                           partitions=m.partitions) for m in state.members)
+    committed = {tp.partition: tp.offset for tp in offsets.topic_partitions
+                 if tp.topic == topic and tp.offset >= 0}
+    view = FleetView(at=time.monotonic(), stable=state.stable, members=members,
+                     committed=committed, end=end, partitions=partitions)
+    return view, state

@@ -1,0 +1,105 @@
+"""One prompt's way through the server: request, classify, retry, record.
+
+Whose fault a failure is decides what happens (consumer/sglang_client.py):
+the prompt's (400) is recorded as a failure at once; a transient one (5xx,
+timeout, abort) is retried with backoff up to the policy's limit, then
+recorded; a server that is down or loading closes the health gate and the
+request waits for it, never failing the prompt; a server that refuses every
+request (401/403/404) ends the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from consumer.backoff import RetryPolicy
+from consumer.health import HealthGate
+from consumer.sglang_client import (
+    Generated,
+    PromptRejected,
+    Retryable,
+    ServerMisconfigured,
+    ServerUnavailable,
+    SGLangClient,
+    request_body,
+)
+from schemas import Completion, Failure, PromptRecord, RunSpec
+from schemas.completion import CompletionRecord
+
+
+class ServerRefuses(RuntimeError):
+    """Every request would fail the same way: the worker must stop."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    record: CompletionRecord  # a completion or a failure: either is committed
+    retries: int
+
+
+class Generator:
+    """Parameters: `client`, `gate` (the server's health), `spec` (the run),
+    `instance` (stamped on records), `retry`, `on_retry(kind)` and
+    `on_latency(seconds)` for metrics."""
+
+    def __init__(self, *, client: SGLangClient, gate: HealthGate, spec: RunSpec, instance: str,
+                 retry: RetryPolicy, on_retry: Callable[[str], None] = lambda kind: None,
+                 on_latency: Callable[[float], None] = lambda s: None) -> None:
+        self.client = client
+        self.gate = gate
+        self.spec = spec
+        self.instance = instance
+        self.retry = retry
+        self.on_retry = on_retry
+        self.on_latency = on_latency
+
+    async def generate(self, prompt: PromptRecord) -> Outcome:
+        attempts = 0
+        retries = 0
+        started = time.monotonic()
+        while True:
+            await self.gate.wait_open()
+            attempts += 1
+            try:
+                result = await self.client.chat(
+                    request_body(prompt, self.spec.generation, attempts))
+            except PromptRejected as exc:
+                return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status, attempts,
+                                              started), retries)
+            except Retryable as exc:
+                self.on_retry(exc.kind)
+                if self.retry.exhausted(attempts):
+                    return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status,
+                                                  attempts, started), retries)
+                retries += 1
+                await asyncio.sleep(self.retry.delay(attempts))
+                continue
+            except ServerUnavailable as exc:
+                attempts -= 1  # not the prompt's fault
+                self.gate.report_down(str(exc))
+                continue
+            except ServerMisconfigured as exc:
+                raise ServerRefuses(
+                    f"the server at {self.client.base_url} refuses requests: {exc}") from None
+            self.on_latency(result.latency_s)
+            return Outcome(self.completion(prompt, result, attempts, started), retries)
+
+    def completion(self, prompt: PromptRecord, result: Generated, attempts: int,
+                   started: float) -> Completion:
+        return Completion(
+            id=prompt.id, run=self.spec.run_id, settings_hash=self.spec.settings_hash,
+            prompt=prompt, finish_reason=result.finish_reason, content=result.content,
+            reasoning_content=result.reasoning_content, tool_calls=result.tool_calls,
+            matched_stop=result.matched_stop, usage=result.usage, spec=result.spec,
+            latency_s=round(time.monotonic() - started, 4), attempts=attempts,
+            instance=self.instance, model=result.model)
+
+    def failure(self, prompt: PromptRecord, kind: str, error: str, status: int | None,
+                attempts: int, started: float) -> Failure:
+        return Failure(id=prompt.id, run=self.spec.run_id, settings_hash=self.spec.settings_hash,
+                       prompt=prompt, failure=kind, error=error[:2000],  # type: ignore[arg-type]
+                       status=status, attempts=attempts, instance=self.instance,
+                       latency_s=round(time.monotonic() - started, 4))

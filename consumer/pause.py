@@ -1,0 +1,34 @@
+"""When a worker stops fetching (pure; the worker applies the answer to
+every slot and to every newly assigned partition).
+
+Fetching pauses while the server is down, while stopping, and when the
+local buffer has stayed full for a while (a slow GPU): paused partitions let
+the worker keep polling, and so keep its group membership, without fetching
+more. A short burst of a full buffer does not pause (resuming costs a fetch
+round trip and would starve a fast server); once paused, fetching resumes
+when the buffer is down to half the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PAUSE_AFTER_FULL_S = 10.0
+
+
+@dataclass
+class PausePolicy:
+    after_full_s: float = PAUSE_AFTER_FULL_S
+    full_since: float | None = None
+
+    def want(self, *, buffered: int, limit: int, paused: bool, stopping: bool,
+             server_up: bool, now: float) -> bool:
+        if stopping or not server_up:
+            return True
+        if buffered < limit:
+            self.full_since = None
+        elif self.full_since is None:
+            self.full_since = now
+        if paused:
+            return buffered > limit // 2
+        return self.full_since is not None and now - self.full_since >= self.after_full_s

@@ -1,0 +1,250 @@
+"""The one transactional commit every service uses (producer, worker, sink).
+
+A transaction is opened only to commit work that is already done, and runs
+as numbered steps over one transactional producer:
+
+1. begin;
+2. produce the records (a full local queue is waited out, within a deadline);
+3. send each consumer group's input offsets with that member's fresh group
+   metadata (KIP-447: a member that lost its partitions is fenced here);
+4. commit.
+
+Retriable failures of steps 3 and 4 are retried with backoff until the
+step's deadline. Any other failure aborts the transaction and raises
+`TransactionAborted` (nothing of it is visible; the caller keeps or replays
+its work). A fenced or fatal producer, or an abort that fails, raises
+`KafkaFatal`: the process cannot go on and must exit with one line, so that
+its supervisor restarts it from committed state.
+
+Every step can be observed by a `TransactionHooks` object. Production code
+passes none; tests inject one to fail or kill the process at a chosen step
+(tests/faults.py), so no fault switch lives in the services themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from tokenmill.log import get_logger
+from tokenmill.watchdog import Watchdog
+
+log = get_logger("tokenmill.transactions")
+
+Step = Literal["begin", "produced", "offsets_sent", "committing", "committed", "aborted"]
+Verdict = Literal["fatal", "abort", "retry"]
+
+# Codes that mean another process took over this transactional id, or that
+# this producer can never commit again.
+_FENCED = {
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING,
+}
+
+
+class TransactionAborted(Exception):
+    """The transaction was aborted: nothing of it is visible. The caller keeps
+    its results for the next commit, or replays them."""
+
+
+class KafkaFatal(RuntimeError):
+    """The transactional producer is fenced or broken: exit with this message
+    and let the supervisor restart the service from committed state."""
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    arg = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return arg if isinstance(arg, KafkaError) else None
+
+
+def classify(error: KafkaError) -> Verdict:
+    """What a failed transaction step calls for (pure, tested directly)."""
+    if error.fatal() or error.code() in _FENCED:
+        return "fatal"
+    if error.txn_requires_abort():
+        return "abort"
+    if error.retriable():
+        return "retry"
+    return "abort"
+
+
+def fenced_message(error: KafkaError, transactional_id: str) -> str:
+    """One line that says what happened and what to look at."""
+    if error.code() in _FENCED or "fenced" in error.str().lower() or "epoch" in error.str().lower():
+        return (f"another process took over transactional id {transactional_id} (same run "
+                f"and --instance?), so this one stopped; nothing it had not committed is "
+                f"visible ({error.str()})")
+    return f"Kafka producer {transactional_id} failed for good: {error.str()}"
+
+
+class TransactionHooks:
+    """Observes each step; tests subclass it to fail or kill at a step."""
+
+    def step(self, name: Step, transaction: int, producer: Producer) -> None:  # noqa: B027
+        """Called after each step; `transaction` counts from 1 per producer.
+        A no-op here, by design."""
+
+
+NO_HOOKS = TransactionHooks()
+_installed: TransactionHooks = NO_HOOKS
+
+
+def install_hooks(hooks: TransactionHooks) -> None:
+    """For test entry points only (tests/faults.py): every `Transactions`
+    created afterwards in this process reports its steps to `hooks`."""
+    global _installed
+    _installed = hooks
+
+
+@dataclass(frozen=True)
+class GroupOffsets:
+    """Input offsets of one consumer group member, sent with its metadata."""
+
+    offsets: Sequence[TopicPartition]
+    group_metadata: Callable[[], Any]  # fresh at send time (KIP-447)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    first_s: float = 0.1
+    cap_s: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.cap_s, self.first_s * 2 ** (attempt - 1))
+
+
+@dataclass
+class Transaction:
+    """An open transaction; produce into it, send offsets, then leave the
+    `with` block to commit."""
+
+    producer: Producer
+    deadline_s: float
+    _sent: int = field(default=0, init=False)
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None,
+                partition: int | None = None,
+                headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Produce, waiting out a full local queue within the deadline."""
+        deadline = time.monotonic() + self.deadline_s
+        kwargs: dict[str, Any] = {"key": key, "headers": headers}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self.producer.produce(topic, value, **kwargs)
+                self._sent += 1
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the producer queue stayed full for "
+                                       f"{self.deadline_s:.0f}s") from None
+                self.producer.poll(0.05)
+
+
+class Transactions:
+    """The transactions of one transactional producer (already initialized).
+
+    Parameters: `producer`, `transactional_id` (for messages), `timeout_s`
+    (each step's deadline, retries included), `backoff`, `hooks`,
+    `watchdog` (bounds every blocking call; none in unit tests)."""
+
+    def __init__(self, producer: Producer, *, transactional_id: str, timeout_s: float = 30.0,
+                 backoff: Backoff = Backoff(), hooks: TransactionHooks | None = None,
+                 watchdog: Watchdog | None = None) -> None:
+        self.producer = producer
+        self.transactional_id = transactional_id
+        self.timeout_s = timeout_s
+        self.backoff = backoff
+        self.hooks = hooks or _installed
+        self.watchdog = watchdog
+        self.count = 0
+
+    @contextmanager
+    def transaction(self, offsets: Callable[[], Sequence[GroupOffsets]] = lambda: ()
+                    ) -> Iterator[Transaction]:
+        """Begin; the body produces; then offsets (computed after the body)
+        and commit. Raises TransactionAborted or KafkaFatal."""
+        self.count += 1
+        number = self.count
+        try:
+            self._call("begin_transaction", self.producer.begin_transaction)
+        except KafkaException as exc:  # nothing open to abort: the producer is unusable
+            raise KafkaFatal(f"cannot begin a transaction of {self.transactional_id}: "
+                             f"{exc}") from None
+        transaction = Transaction(self.producer, self.timeout_s)
+        try:
+            self.hooks.step("begin", number, self.producer)
+            yield transaction
+            self.hooks.step("produced", number, self.producer)
+            for group in offsets():
+                if group.offsets:
+                    self._retrying("send_offsets_to_transaction", lambda g=group: (
+                        self.producer.send_offsets_to_transaction(
+                            list(g.offsets), g.group_metadata(), self.timeout_s)))
+            self.hooks.step("offsets_sent", number, self.producer)
+            self.hooks.step("committing", number, self.producer)
+            self._retrying("commit_transaction", lambda: self.producer.commit_transaction(
+                self.timeout_s))
+        except KafkaFatal:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every early exit aborts
+            error = kafka_error(exc)
+            if error is not None and classify(error) == "fatal":
+                raise KafkaFatal(fenced_message(error, self.transactional_id)) from None
+            self._abort(exc)
+            self.hooks.step("aborted", number, self.producer)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise TransactionAborted(str(error or exc)) from None
+        self.hooks.step("committed", number, self.producer)
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            if self.watchdog is None:
+                return call()
+            with self.watchdog.guard(what, self.timeout_s * 2 + 10):
+                return call()
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            if error is not None and classify(error) == "fatal":
+                raise KafkaFatal(fenced_message(error, self.transactional_id)) from None
+            raise
+
+    def _retrying(self, what: str, call: Callable[[], Any]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self._call(what, call)
+                return
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                if (error is None or classify(error) != "retry"
+                        or time.monotonic() + self.backoff.delay(attempt) > deadline):
+                    raise
+                log.info("retrying a transaction step", step=what, attempt=attempt,
+                         error=error.str())
+                time.sleep(self.backoff.delay(attempt))
+
+    def _abort(self, cause: BaseException) -> None:
+        log.warning("transaction aborted", transactional_id=self.transactional_id,
+                    cause=str(cause) or type(cause).__name__)
+        try:
+            self._call("abort_transaction", lambda: self.producer.abort_transaction(
+                self.timeout_s))
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            raise KafkaFatal(
+                f"could not abort a transaction of {self.transactional_id} "
+                f"({error.str() if error else exc}); restarting from committed state "
+                "is the only safe way on") from None
