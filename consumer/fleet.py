@@ -159,13 +159,16 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
     standbys = [m for m in mine if not m.partitions]
     if not view.stable:
         return Decision(why="group rebalancing")
+    total = view.total_backlog()
+    if not mine:
+        # It gave its last partition away: back into the group as a standby.
+        return Decision(open=1, why="rejoin as a standby") if total else Decision()
     # 1. split multi-partition slots until every member owns at most one.
     excess = sum(len(m.partitions) - 1 for m in mine if len(m.partitions) > 1)
     if excess and len(view.members) < view.partitions:
         room = params.max_slots - len(mine)
         return Decision(open=max(0, min(excess, params.max_open_per_round, room)),
                         why="split slots owning several partitions")
-    total = view.total_backlog()
     if total == 0 or not rates or me not in rates:
         if standbys and total == 0:
             return Decision(close=tuple(m.slot for m in standbys), why="no work left")
@@ -174,27 +177,30 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
     fleet_rate = sum(rates.get(w, 0.0) for w in workers)
     fleet_eta = eta(total, fleet_rate)
     slack = max(params.min_slack_s, params.slack_share * fleet_eta)
-    my_eta = eta(view.worker_backlog(me), rates[me])
+    etas = {w: eta(view.worker_backlog(w), rates.get(w, 0.0)) for w in workers}
     # 2. demand: well ahead of the fleet -> one standby (keep it while ahead).
-    ahead = my_eta < fleet_eta - slack
+    ahead = etas[me] < fleet_eta - slack
     if ahead and not standbys and len(mine) < params.max_slots:
-        return Decision(open=1, why=f"ahead of the fleet (eta {my_eta:.0f}s vs {fleet_eta:.0f}s)")
+        return Decision(open=1,
+                        why=f"ahead of the fleet (eta {etas[me]:.0f}s vs {fleet_eta:.0f}s)")
     if standbys and not ahead:
         return Decision(close=tuple(m.slot for m in standbys), why="caught up with the fleet")
     if len(standbys) > 1:
         return Decision(close=tuple(m.slot for m in standbys[1:]), why="one standby is enough")
-    # 3. donate: behind the fleet and someone else waits with a standby.
-    receivers = {m.worker for m in view.members if not m.partitions and m.worker != me}
-    if my_eta <= fleet_eta + slack or not receivers or standbys:
+    # 3. donate: the k workers furthest behind each hand one partition over,
+    # k = the standbys waiting (the assignor gives each freed partition to a
+    # member without one, so more donors than standbys would pile up).
+    receivers = sorted({m.worker for m in view.members if not m.partitions},
+                       key=lambda w: (etas[w], w))
+    donors = sorted((w for w in workers if etas[w] > fleet_eta + slack and w not in receivers),
+                    key=lambda w: (-etas[w], w))[:len(receivers)]
+    if me not in donors:
         return Decision()
-    receiver = min(receivers, key=lambda w: (eta(view.worker_backlog(w), rates[w]), w))
+    receiver = receivers[donors.index(me)]
     move = best_move(view, rates, me, receiver, my_latency_s)
-    if move is None:
+    if move is None or move[1] < slack:
         return Decision()
-    slot, gain = move
-    if gain < slack:
-        return Decision()
-    return Decision(close=(slot,), why=f"hand a partition to {receiver} (saves {gain:.0f}s)")
+    return Decision(close=(move[0],), why=f"hand a partition to {receiver} (saves {move[1]:.0f}s)")
 
 
 def best_move(view: FleetView, rates: Mapping[str, float], donor: str, receiver: str,

@@ -470,8 +470,8 @@ class Worker:
             self._members.open()
         for name in decision.close:
             if name in self._members.slots:
-                if len(self._members.slots) == 1:
-                    self._members.open()  # stay in the group, as a standby
+                # Even its last one: a standby opened now would compete with
+                # the receiver's for the freed partition; it rejoins next round.
                 self._members.close(name)
         self.metrics.slots.set(len(self._members.slots))
 
