@@ -23,6 +23,8 @@ from tokenmill import progress, topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
+REPO = Path(__file__).resolve().parents[2]
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -93,8 +95,10 @@ class ConsumerProcess:
     """`tokenmill consume` as a child process, killable like a real worker."""
 
     def __init__(self, settings: Settings, run_id: str, sglang_url: str, instance: str,
-                 log_dir: Path, *extra: str) -> None:
-        self.args = [sys.executable, "-m", "tokenmill.cli", "consume", "--run", run_id,
+                 log_dir: Path, *extra: str, kill_at: str | None = None) -> None:
+        """`kill_at` ("STEP:N"): die at that step of the Nth transaction (tests/faults.py)."""
+        entry = ["tests.faults", "--kill-at", kill_at, "--"] if kill_at else ["tokenmill.cli"]
+        self.args = [sys.executable, "-m", *entry, "consume", "--run", run_id,
                      "--sglang-url", sglang_url, "--instance", instance,
                      "--bootstrap-servers", settings.bootstrap_servers,
                      "--log-format", "json", "--session-timeout", "6",
@@ -108,7 +112,7 @@ class ConsumerProcess:
         self.starts += 1
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
         log.close()
         return self
 

@@ -1,0 +1,133 @@
+"""Workers under Kafka-level faults, on the real broker: a kill inside an open
+transaction, a duplicate --instance, a zombie woken after its partitions
+moved. Exactly once is checked with kafka-python reading `read_committed`;
+what an aborted transaction left in the log with `read_uncommitted`."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.consumer.pipeline import (
+    ConsumerProcess,
+    committed_records,
+    consumer_progress,
+    create_run,
+    duplicates,
+    make_prompts,
+    publish,
+    wait_until,
+)
+from tests.kafka_helpers import read_all
+from tokenmill import groups, kafka_clients, topics
+from tokenmill.simulator import SimulatorConfig, running_simulator
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+# ~0.2-0.6 s per request: a commit every 0.5 s holds a few dozen results.
+PACED = SimulatorConfig(decode_rate=200.0, length_median=60, length_sigma=0.4, length_max=200,
+                        max_running_requests=256, prefill_rate=0)
+
+
+def _exactly_once(settings, run_id, prompts) -> list:
+    records = committed_records(settings, run_id)
+    assert duplicates(records) == {}
+    assert {r.id for r in records} == {p.id for p in prompts}
+    return records
+
+
+def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
+    """The worker dies between sending its offsets and committing (its 4th
+    transaction), after the results reached the broker: they stay invisible
+    to read_committed readers, and the restart redoes them, once."""
+    spec = create_run(settings, run_id, partitions=3)
+    prompts = make_prompts(run_id, 400)
+    publish(settings, spec, prompts)
+    with running_simulator(PACED) as url:
+        victim = ConsumerProcess(settings, run_id, url, "victim", tmp_path, "--concurrency",
+                                 "16", kill_at="committing:4").start()
+        assert victim.wait(120) == 137, victim.log()[-3000:]
+        assert victim.events("fault injection: killed")
+        topic = topics.completions_topic(run_id)
+        visible = {r.key for r in read_all(settings.bootstrap_servers, topic)}
+        in_log = {r.key for r in read_all(settings.bootstrap_servers, topic,
+                                          committed_only=False)}
+        hidden = in_log - visible
+        assert hidden, "the killed transaction held no records"
+        restarted = ConsumerProcess(settings, run_id, url, "victim", tmp_path, "--until-done",
+                                    "--concurrency", "16").start()
+        try:
+            assert restarted.wait(180) == 0, restarted.log()[-3000:]
+        finally:
+            restarted.stop()
+    records = _exactly_once(settings, run_id, prompts)
+    assert {r.id.encode() for r in records} >= hidden  # redone and committed once
+
+
+def test_a_duplicate_instance_ends_the_older_one_with_one_line(settings, run_id,
+                                                                 tmp_path) -> None:
+    spec = create_run(settings, run_id, partitions=2)
+    prompts = make_prompts(run_id, 600)
+    publish(settings, spec, prompts)
+    with running_simulator(PACED) as url:
+        older = ConsumerProcess(settings, run_id, url, "same", tmp_path, "--concurrency",
+                                "8", "--until-done").start()
+        wait_until(lambda: consumer_progress(settings, run_id).generated > 50, 60, "progress")
+        newer = ConsumerProcess(settings, run_id, url, "same", tmp_path, "--concurrency",
+                                "8", "--until-done").start()
+        try:
+            assert older.wait(60) == 1
+            log = older.log()
+            assert "Traceback" not in log
+            errors = [line for line in log.splitlines() if line.startswith("Error:")]
+            assert len(errors) == 1 and "another process took over transactional id" in errors[0]
+            assert newer.wait(240) == 0, newer.log()[-3000:]
+        finally:
+            older.stop()
+            newer.stop()
+    _exactly_once(settings, run_id, prompts)
+
+
+def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_id,
+                                                                    tmp_path) -> None:
+    """Frozen past its session timeout, its partitions go to the other worker,
+    which commits them; woken up, the zombie's late results never become
+    visible: fenced by its stale group metadata or dropped as lost."""
+    spec = create_run(settings, run_id, partitions=4)
+    prompts = make_prompts(run_id, 1500)
+    publish(settings, spec, prompts)
+    admin = kafka_clients.admin(settings)
+    group, topic = topics.generate_group(run_id), topics.prompts_topic(run_id)
+
+    def owners() -> set[str]:
+        state = groups.describe(admin, group, topic)
+        return {m.client_id.split("#")[0] for m in state.members if m.partitions}
+
+    with running_simulator(PACED) as url:
+        zombie = ConsumerProcess(settings, run_id, url, "zombie", tmp_path, "--concurrency",
+                                 "16", "--until-done").start()
+        other = ConsumerProcess(settings, run_id, url, "other", tmp_path, "--concurrency",
+                                "16", "--until-done").start()
+        try:
+            wait_until(lambda: owners() == {"zombie", "other"}, 60, "both own partitions")
+            wait_until(lambda: consumer_progress(settings, run_id).consumers.get("zombie")
+                       is not None, 60, "the zombie's first commit")
+            zombie.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+            frozen_at = time.monotonic()
+            wait_until(lambda: owners() == {"other"}, 60, "the other owns every partition")
+            committed_then = consumer_progress(settings, run_id).consumers["other"].completions
+            wait_until(lambda: consumer_progress(settings, run_id).consumers["other"].completions
+                       > committed_then + 50, 60, "the other commits the moved partitions")
+            assert time.monotonic() - frozen_at > 6  # past the session timeout
+            zombie.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            assert other.wait(240) == 0, other.log()[-3000:]
+            assert zombie.wait(120) == 0, zombie.log()[-3000:]
+        finally:
+            zombie.stop()
+            other.stop()
+    records = _exactly_once(settings, run_id, prompts)
+    assert zombie.events("partitions lost; their uncommitted work is dropped") or any(
+        "transaction aborted" in line for line in zombie.log().splitlines())
+    assert {r.instance for r in records} == {"zombie", "other"}
