@@ -163,12 +163,14 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
     if not mine:
         # It gave its last partition away: back into the group as a standby.
         return Decision(open=1, why="rejoin as a standby") if total else Decision()
-    # 1. split multi-partition slots until every member owns at most one.
-    excess = sum(len(m.partitions) - 1 for m in mine if len(m.partitions) > 1)
-    if excess and len(view.members) < view.partitions:
-        room = params.max_slots - len(mine)
-        return Decision(open=max(0, min(excess, params.max_open_per_round, room)),
-                        why="split slots owning several partitions")
+    # 1. fewer members than partitions: open slots up to this worker's fair
+    # share of the partitions (by rate; equal until measured), so that the
+    # assignor ends with one partition per member, spread by capacity.
+    if len(view.members) < view.partitions:
+        want = min(fair_share(view, rates, me), params.max_slots)
+        if len(mine) < want:
+            return Decision(open=min(want - len(mine), params.max_open_per_round),
+                            why=f"towards {want} slots, one partition each")
     if total == 0 or not rates or me not in rates:
         if standbys and total == 0:
             return Decision(close=tuple(m.slot for m in standbys), why="no work left")
@@ -201,6 +203,15 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
     if move is None or move[1] < slack:
         return Decision()
     return Decision(close=(move[0],), why=f"hand a partition to {receiver} (saves {move[1]:.0f}s)")
+
+
+def fair_share(view: FleetView, rates: Mapping[str, float], me: str) -> int:
+    """Partitions worker `me` should own, rounded up: its share of the
+    fleet's rate (equal shares until rates are measured)."""
+    workers = view.workers() | {me}
+    total = sum(rates.get(w, 0.0) for w in workers)
+    share = rates.get(me, 0.0) / total if total > 0 and me in rates else 1 / len(workers)
+    return max(1, math.ceil(view.partitions * share))
 
 
 def best_move(view: FleetView, rates: Mapping[str, float], donor: str, receiver: str,

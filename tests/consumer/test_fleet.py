@@ -16,6 +16,7 @@ from consumer.fleet import (
     RateTracker,
     best_move,
     decide,
+    fair_share,
     slot_name,
     worker_of,
 )
@@ -49,10 +50,17 @@ def test_nothing_while_the_group_rebalances() -> None:
     assert decide(v, {"a": 1.0}, "a", my_latency_s=1) == Decision(why="group rebalancing")
 
 
-def test_a_slot_with_several_partitions_gets_company() -> None:
+def test_fewer_members_than_partitions_open_slots_up_to_the_fair_share() -> None:
     v = view({"a": [[0, 1, 2, 3]]}, {p: 10 for p in range(4)})
     decision = decide(v, {}, "a", my_latency_s=1)
-    assert decision.open == 2 and "split" in decision.why  # at most two per round
+    assert decision.open == 2 and "towards 4 slots" in decision.why  # at most two per round
+    # two workers, equal until measured: two slots each
+    v = view({"a": [[0, 1], [2]], "b": [[3, 4, 5]]}, {p: 10 for p in range(6)})
+    assert decide(v, {}, "a", my_latency_s=1).open == 1
+    assert decide(v, {}, "b", my_latency_s=1).open == 2
+    # measured: a is three times faster -> 5 of 6 partitions (rounded up)
+    assert fair_share(v, {"a": 3.0, "b": 1.0}, "a") == 5
+    assert fair_share(v, {"a": 3.0, "b": 1.0}, "b") == 2
     # once there are as many members as partitions, the assignor splits them
     v = view({"a": [[0, 1], [2], [3], []]}, {p: 10 for p in range(4)})
     assert decide(v, {}, "a", my_latency_s=1).open == 0
@@ -132,14 +140,11 @@ def simulate(capacities: dict[str, float], partitions: int, per_partition: int,
     uniform assignor would (a closed slot's partition goes to a standby).
     Returns (makespan, records done per worker)."""
     left = {p: float(per_partition) for p in range(partitions)}
-    # start: every worker one slot, partitions dealt round robin, then split
+    # start: every worker joins with one slot; the assignor balances counts
     names = sorted(capacities)
     slots: dict[str, list[list[int]]] = {w: [[]] for w in names}
-    for p in range(partitions):
-        slots[names[p % len(names)]][0].append(p)
-    for w in names:
-        parts = slots[w][0]
-        slots[w] = [[p] for p in parts] or [[]]
+    slots[names[0]][0].extend(range(partitions))
+    uniform([s for w in names for s in slots[w]])
     done = {w: 0.0 for w in names}
     tracker = RateTracker(halflife_s=10.0)
     committed = {p: 0 for p in left}
