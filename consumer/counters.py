@@ -25,6 +25,9 @@ def add_records(progress: ConsumerProgress, records: Iterable[CompletionRecord],
     """New counters after committing `records` (pure: returns a new value)."""
     p = msgspec.structs.asdict(progress)
     for record in records:
+        if isinstance(record, Failure) and record.failure == "invalid":
+            p["invalid"] += 1  # not a published prompt: not generated
+            continue
         p["by_category"] = _bump(p["by_category"], record.prompt.category)
         if isinstance(record, Failure):
             p["failures"] += 1

@@ -40,6 +40,7 @@ from consumer.metrics import ConsumerMetrics
 from consumer.partitions import PartitionState, can_resume
 from consumer.pause import PausePolicy
 from consumer.sglang_client import SGLangClient
+from consumer.validation import check_prompt, invalid_record, topic_run
 from schemas import Failure, PromptRecord, RunSpec
 from schemas.completion import CompletionRecord, encode_record
 from schemas.progress import ConsumerProgress, consumer_key, decode_progress
@@ -51,8 +52,6 @@ from tokenmill.transactions import KafkaFatal, TransactionAborted, TransactionHo
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.consumer")
-
-_prompt_decoder = msgspec.json.Decoder(PromptRecord)
 
 Drop = Literal["revoked", "lost", "moved", "shutdown"]
 
@@ -102,6 +101,7 @@ class Worker:
         self.hooks = hooks
         self.run_id = spec.run_id
         self.prompts_topic = source_prompts_topic(spec)
+        self._topic_owner = topic_run(self.prompts_topic)
         self.completions_topic = topics.completions_topic(spec.run_id)
         self.group = topics.generate_group(spec.run_id)
         self.progress_key = consumer_key(spec.run_id, config.instance)
@@ -269,33 +269,26 @@ class Worker:
             self._accept(message)
 
     def _accept(self, message: Message) -> None:
-        state = self.states.get(message.partition() or 0)
+        partition = message.partition() or 0
+        state = self.states.get(partition)
         if state is None:  # a late message of a partition we no longer own
             return
         offset = message.offset() or 0
         if state.last_fetched is not None and offset <= state.last_fetched:
             return  # already have it (a resumed partition's refetch)
-        try:
-            prompt = _prompt_decoder.decode(message.value() or b"")
-        except msgspec.DecodeError as exc:
-            prompt = None
-            log.error("undecodable prompt record", partition=state.partition, offset=offset,
-                      error=str(exc))
         state.watermark.track(offset)
         state.last_fetched = offset
-        if prompt is None:
-            state.watermark.finish(offset, self._undecodable(message))
+        found = check_prompt(message.value(), self._topic_owner)
+        if isinstance(found, str):
+            log.warning("invalid prompt record; dead-lettered", partition=partition,
+                        offset=offset, problem=found)
+            state.watermark.finish(offset, invalid_record(
+                self.spec, topic=self.prompts_topic, partition=partition, offset=offset,
+                key=message.key(), value=message.value(), problem=found,
+                instance=self.config.instance))
+            self._wake.set()
             return
-        state.queue.append((offset, prompt))
-
-    def _undecodable(self, message: Message) -> Failure:
-        key = (message.key() or b"").decode(errors="replace")
-        placeholder = PromptRecord(id=key or f"{message.partition()}-{message.offset()}",
-                                   run=self.run_id, messages=(), source="?", format="?",
-                                   category="plain")
-        return Failure(id=placeholder.id, run=self.run_id, settings_hash=self.spec.settings_hash,
-                       prompt=placeholder, failure="bad_request",
-                       error="prompt record could not be decoded", instance=self.config.instance)
+        state.queue.append((offset, found))
 
     def _start_tasks(self) -> None:
         if self.stopping or (self._gate is not None and not self._gate.is_open):

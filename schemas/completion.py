@@ -2,7 +2,9 @@
 published prompt, either a `Completion` or a `Failure` (tagged by `kind`).
 
 Each embeds its prompt, so the sink can write self-contained training samples
-without a join.
+without a join. A prompts-topic record that is not a valid prompt of the run
+becomes a `Failure` of kind `invalid` that keeps the record as read (`raw`);
+the sink sends it to the dead-letter topic with reason `invalid`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import msgspec
 
 from schemas.messages import ToolCall
 from schemas.prompt import PromptRecord
+from schemas.raw import RawRecord
 
 
 class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -50,7 +53,8 @@ class Completion(msgspec.Struct, frozen=True, tag="completion", tag_field="kind"
     v: int = 1
 
 
-FailureKind = Literal["prompt_too_long", "bad_request", "server_error", "timeout", "abort", "invalid_response"]
+FailureKind = Literal["prompt_too_long", "bad_request", "server_error", "timeout", "abort",
+                      "invalid_response", "invalid"]
 
 
 class Failure(msgspec.Struct, frozen=True, tag="failure", tag_field="kind"):
@@ -64,6 +68,7 @@ class Failure(msgspec.Struct, frozen=True, tag="failure", tag_field="kind"):
     attempts: int = 1
     instance: str = ""
     latency_s: float = 0.0
+    raw: RawRecord | None = None  # kind "invalid": the prompts-topic record as read
     v: int = 1
 
 

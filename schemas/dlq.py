@@ -3,7 +3,8 @@
 The value is this envelope around the completion record as read from
 `.completions`; the reason and the source position travel in headers (the way
 Kafka Connect's DLQ does) and, for readers that ignore headers, in the
-envelope's fields.
+envelope's fields. A record that could not be decoded as a completion of the
+run (reason `invalid`) has no `record`; `raw` keeps its key and value.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from schemas.completion import CompletionRecord
+from schemas.raw import RawRecord
 
 # Header names, modelled on Kafka Connect's `__connect.errors.*` headers.
 HEADER_REASON = "tokenmill.dlq.reason"
@@ -28,5 +30,6 @@ class DeadLetter(msgspec.Struct, frozen=True):
     source_topic: str
     source_partition: int
     source_offset: int
-    record: CompletionRecord
+    record: CompletionRecord | None
+    raw: RawRecord | None = None
     v: int = 1

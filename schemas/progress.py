@@ -37,6 +37,9 @@ class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="k
     completions: int = 0
     failures: int = 0
     failures_by_kind: dict[str, int] = {}
+    # Prompts-topic records that were not prompts of the run (dead-lettered
+    # as `invalid`); not counted as generated: the producer never published them.
+    invalid: int = 0
     finish_reasons: dict[str, int] = {}
     by_category: dict[str, int] = {}
     prompt_tokens: int = 0

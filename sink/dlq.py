@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from schemas import CompletionRecord
+from schemas.raw import RawRecord
 from schemas.dlq import (
     HEADER_DETAIL,
     HEADER_OFFSET,
@@ -34,6 +35,7 @@ class _DeadLetterWire(msgspec.Struct, frozen=True):
     source_partition: int
     source_offset: int
     record: msgspec.Raw
+    raw: RawRecord | None = None
     v: int = 1
 
 
@@ -63,4 +65,24 @@ def dead_letter(record: CompletionRecord | CompletionView, raw: bytes, *, reason
         value=_encoder.encode(envelope),
         headers=headers(reason, detail, topic, partition, offset),
         reason=reason,
+    )
+
+
+INVALID = "invalid"
+_NULL = msgspec.Raw(b"null")
+
+
+def invalid_letter(raw: RawRecord, *, run: str, detail: str) -> DeadLetterOut:
+    """The DLQ record for a `.completions` record that is not a completion of
+    the run: no decoded record, the bytes as read in `raw`. Its key is the
+    record's own (bytes-safe), else its position."""
+    record_id = f"invalid:{raw.topic}:{raw.partition}:{raw.offset}"
+    envelope = _DeadLetterWire(
+        id=record_id, run=run, reason=INVALID, detail=detail, source_topic=raw.topic,
+        source_partition=raw.partition, source_offset=raw.offset, record=_NULL, raw=raw)
+    return DeadLetterOut(
+        key=raw.key if raw.key is not None else record_id.encode(),
+        value=_encoder.encode(envelope),
+        headers=headers(INVALID, detail, raw.topic, raw.partition, raw.offset),
+        reason=INVALID,
     )

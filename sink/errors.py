@@ -8,15 +8,9 @@ class SinkError(RuntimeError):
 
 
 class InvalidRecord(SinkError):
-    """A record in `.completions` that cannot belong to this run: undecodable,
-    of another run, or made with other generation settings. The sink stops
-    rather than write it anywhere: it is a bug upstream, not a data outcome."""
-
-    def __init__(self, message: str, *, topic: str, partition: int, offset: int) -> None:
-        super().__init__(f"{message} (at {topic} [{partition}] offset {offset})")
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
+    """A record in `.completions` that cannot belong to this run: a null value,
+    undecodable, of another run, or made with other generation settings. It
+    goes to the dead-letter topic with reason `invalid`, bytes as read."""
 
 
 class ObjectConflict(SinkError):

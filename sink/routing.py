@@ -6,7 +6,9 @@ sends the record to the DLQ. Reasons the policy does not list are ignored, so
 such records go to S3 anyway.
 
 A `Failure` has no generated turn and cannot be a training sample: it always
-goes to the DLQ as `failed`, whatever the policy says.
+goes to the DLQ as `failed`, whatever the policy says; a failure of kind
+`invalid` (the worker found a prompts-topic record that is not a prompt of
+the run) goes there as `invalid`.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def dlq_reason(record: CompletionRecord | CompletionView, spec: RunSpec) -> tupl
     """(reason, detail) if the record goes to the DLQ under the run's policy,
     else None (it goes to S3)."""
     if isinstance(record, Failure):
+        if record.failure == "invalid":
+            return "invalid", _clip(record.error)
         return "failed", failure_detail(record)
     facts = view_facts(record) if isinstance(record, CompletionView) else facts_of(record)
     policy = spec.qa.dlq_reasons

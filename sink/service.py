@@ -44,6 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from schemas import RunSpec, SinkProgress
 from schemas.progress import sink_key
+from schemas.raw import capture
 from sink import counters, dlq, object_keys, objects, routing, samples
 from sink.batcher import Batch, PartitionBatcher
 from sink.committer import Committer
@@ -328,7 +329,17 @@ class SinkService:
                          first_offset=offset, last_offset=max(o.last_offset for o in existing),
                          keys=[o.key for o in existing])
         raw = message.value()
-        record = self._decode(raw, partition, offset)
+        try:
+            record = self._decode(raw)
+        except InvalidRecord as exc:
+            # Not a completion of this run: dead-lettered as it was read, and
+            # its offset is committed with the batch, so the run goes on.
+            log.warning("invalid record dead-lettered", partition=partition, offset=offset,
+                        problem=str(exc))
+            writer.add(offset, dead_letter=dlq.invalid_letter(
+                capture(self.topic, partition, offset, message.key(), raw),
+                run=self.config.run, detail=str(exc)))
+            return
         route = routing.dlq_reason(record, self.spec)
         if route is None:
             assert isinstance(record, samples.CompletionView)
@@ -336,24 +347,23 @@ class SinkService:
         else:
             reason, detail = route
             writer.add(offset, dead_letter=dlq.dead_letter(
-                record, raw, reason=reason, detail=detail, topic=self.topic,
+                record, raw or b"", reason=reason, detail=detail, topic=self.topic,
                 partition=partition, offset=offset))
 
-    def _decode(self, raw: bytes | None, partition: int, offset: int) -> Any:
-        def invalid(message: str) -> InvalidRecord:
-            return InvalidRecord(message, topic=self.topic, partition=partition, offset=offset)
-
+    def _decode(self, raw: bytes | None) -> Any:
+        """The record as a completion of this run, else InvalidRecord."""
         if raw is None:
-            raise invalid("empty record (tombstone) in the completions topic")
+            raise InvalidRecord("null value (a tombstone) in the completions topic")
         try:
             record = samples.decode_view(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise invalid(f"undecodable completion record: {exc}") from None
+            raise InvalidRecord(f"not a completion record: {exc}") from None
         if record.run != self.config.run:
-            raise invalid(f"record of run {record.run!r} in the topic of run {self.config.run!r}")
+            raise InvalidRecord(f"a record of run {record.run!r} in the topic of run "
+                                f"{self.config.run!r}")
         if record.settings_hash != self._settings_hash:
-            raise invalid(
-                f"record made with settings {record.settings_hash}, the run's settings are "
+            raise InvalidRecord(
+                f"made with settings {record.settings_hash}, the run's settings are "
                 f"{self._settings_hash}: outputs of different settings must never mix")
         return record
 

@@ -42,8 +42,10 @@ class RunProgress:
 
     @property
     def persisted(self) -> int:
-        """Records the sink committed: S3 lines + DLQ records."""
-        return sum(s.s3_records + s.dlq_records for s in self.sinks.values())
+        """Records the sink committed: S3 lines + DLQ records, less the
+        `invalid` ones (records that were never published prompts)."""
+        return sum(s.s3_records + s.dlq_records - s.dlq_by_reason.get("invalid", 0)
+                   for s in self.sinks.values())
 
     @property
     def generation_done(self) -> bool:

@@ -153,19 +153,6 @@ def test_a_zombie_writer_first_at_the_key_makes_the_sink_replay_pinned(settings,
     assert puts.count(zombie_key) == 2  # the lost conditional write, then the pinned replay
 
 
-def test_records_of_other_settings_stop_the_sink(settings, run_id) -> None:
-    spec = make_spec(run_id, partitions=1)
-    create_run(settings, spec)
-    stranger = msgspec.structs.replace(good(spec, 0), settings_hash="0" * 16)
-    feed(settings, spec, [stranger], with_aborted=False)
-    publish_done(settings, run_id, 1)
-    from sink.errors import InvalidRecord
-
-    with pytest.raises(InvalidRecord, match="different settings must never mix"):
-        run_sink_in_process(settings, spec)
-    assert not s3_objects(settings)
-
-
 def test_metrics_endpoint_serves_the_private_registry() -> None:
     metrics = SinkMetrics()
     metrics.records_in.inc(3)
