@@ -30,6 +30,19 @@ def default_instance(sglang_url: str) -> str:
     return f"{socket.gethostname()}-{port}"
 
 
+def check_url(url: str) -> None:
+    """An http(s) URL with a host, or a usage error naming the flag."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise click.BadParameter(f"{url!r} is not an http(s) URL with a host "
+                                 "(e.g. http://127.0.0.1:30000)", param_hint="--sglang-url")
+    try:
+        parsed.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise click.BadParameter(f"{url!r} has a malformed port",
+                                 param_hint="--sglang-url") from None
+
+
 def _concurrency(value: str) -> int | None:
     if value == "auto":
         return None
@@ -78,6 +91,10 @@ def _concurrency(value: str) -> int | None:
 @click.option("--fleet-balancing/--no-fleet-balancing", default=True, show_default=True,
               help="KIP-848: open and close group members so that this worker's share of "
                    "partitions follows its measured throughput.")
+@click.option("--breaker-cooldown", "breaker_cooldown_s", default=30.0, show_default=True,
+              type=click.FloatRange(0.1, 3600),
+              help="Seconds the circuit breaker holds prompts before probing the server "
+                   "again (doubles while it keeps failing, up to 10 minutes).")
 @click.option("--until-done", is_flag=True,
               help="Exit 0 once the producer has finished and every prompt has a committed result.")
 @click.option("--metrics-port", default=0, type=int, help="Serve Prometheus /metrics here (0: off).")
@@ -86,13 +103,15 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
             concurrency: str, max_concurrency: int, commit_interval_s: float, max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
-            fleet_balancing: bool, until_done: bool, metrics_port: int) -> None:
+            fleet_balancing: bool, breaker_cooldown_s: float, until_done: bool,
+            metrics_port: int) -> None:
     """Generate completions for a run's prompts, exactly once, next to one SGLang server.
 
     \b
     Example:
       tokenmill consume --run my-run --sglang-url http://127.0.0.1:30000 --instance gpu0
     """
+    check_url(sglang_url)
     instance = instance or default_instance(sglang_url)
     if not INSTANCE_PATTERN.match(instance):
         raise click.BadParameter(f"{instance!r}: use 1-100 letters, digits, '.', '_' or '-'",
@@ -111,6 +130,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         session_timeout_s=session_timeout_s,
         static_membership=static_membership,
         fleet_balancing=fleet_balancing,
+        breaker_cooldown_s=breaker_cooldown_s,
         until_done=until_done,
         metrics_port=metrics_port,
         api_key=os.environ.get("TOKENMILL_SGLANG_API_KEY") or None,

@@ -4,8 +4,10 @@ Whose fault a failure is decides what happens (consumer/sglang_client.py):
 the prompt's (400) is recorded as a failure at once; a transient one (5xx,
 timeout, abort) is retried with backoff up to the policy's limit, then
 recorded; a server that is down or loading closes the health gate and the
-request waits for it, never failing the prompt; a server that refuses every
-request (401/403/404) ends the worker.
+request waits for it, never failing the prompt; a server that refuses our
+credentials (401/403) ends the worker. Every failure for good passes the
+circuit breaker (consumer/breaker.py) first: when one cause dominates the
+recent requests, the prompt is held instead of recorded, and waits.
 """
 
 from __future__ import annotations
@@ -16,18 +18,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from consumer.backoff import RetryPolicy
+from consumer.breaker import Breaker
 from consumer.health import HealthGate
 from consumer.sglang_client import (
     Generated,
     PromptRejected,
     Retryable,
     ServerMisconfigured,
+    ServerRefused,
     ServerUnavailable,
     SGLangClient,
     request_body,
 )
 from schemas import Completion, Failure, PromptRecord, RunSpec
 from schemas.completion import CompletionRecord
+from tokenmill.log import get_logger
+
+log = get_logger("tokenmill.consumer")
 
 
 class ServerRefuses(RuntimeError):
@@ -41,15 +48,20 @@ class Outcome:
 
 
 class Generator:
-    """Parameters: `client`, `gate` (the server's health), `spec` (the run),
-    `instance` (stamped on records), `retry`, `on_retry(kind)` and
-    `on_latency(seconds)` for metrics."""
+    """Parameters: `client`, `gate` (the server's health), `breaker`, `spec`
+    (the run), `instance` (stamped on records), `retry`, `on_retry(kind)`,
+    `on_latency(seconds)` and `on_breaker(state, cause)` for metrics."""
 
     def __init__(self, *, client: SGLangClient, gate: HealthGate, spec: RunSpec, instance: str,
-                 retry: RetryPolicy, on_retry: Callable[[str], None] = lambda kind: None,
-                 on_latency: Callable[[float], None] = lambda s: None) -> None:
+                 retry: RetryPolicy, breaker: Breaker | None = None,
+                 on_retry: Callable[[str], None] = lambda kind: None,
+                 on_latency: Callable[[float], None] = lambda s: None,
+                 on_breaker: Callable[[str, str | None], None] = lambda state, cause: None
+                 ) -> None:
         self.client = client
         self.gate = gate
+        self.breaker = breaker or Breaker()
+        self.on_breaker = on_breaker
         self.spec = spec
         self.instance = instance
         self.retry = retry
@@ -62,18 +74,31 @@ class Generator:
         started = time.monotonic()
         while True:
             await self.gate.wait_open()
+            await self._breaker_allows()
             attempts += 1
             try:
                 result = await self.client.chat(
                     request_body(prompt, self.spec.generation, attempts))
             except PromptRejected as exc:
+                if not self._record_failure(exc.kind, str(exc)):
+                    attempts -= 1
+                    continue
                 return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status, attempts,
-                                              started), retries)
+                                            started), retries)
+            except ServerRefused as exc:
+                if not self._record_failure(exc.kind, str(exc)):
+                    attempts -= 1
+                    continue
+                return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status, attempts,
+                                            started), retries)
             except Retryable as exc:
                 self.on_retry(exc.kind)
                 if self.retry.exhausted(attempts):
+                    if not self._record_failure(exc.kind, str(exc)):
+                        attempts = 0  # held: it gets every retry again later
+                        continue
                     return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status,
-                                                  attempts, started), retries)
+                                                attempts, started), retries)
                 retries += 1
                 await asyncio.sleep(self.retry.delay(attempts))
                 continue
@@ -84,8 +109,30 @@ class Generator:
             except ServerMisconfigured as exc:
                 raise ServerRefuses(
                     f"the server at {self.client.base_url} refuses requests: {exc}") from None
+            was, cause = self.breaker.state, self.breaker.cause
+            self.breaker.success()
+            if was != "closed" and self.breaker.state == "closed":
+                log.info("circuit breaker closed: the server answers again", cause=cause)
+                self.on_breaker("closed", None)
             self.on_latency(result.latency_s)
             return Outcome(self.completion(prompt, result, attempts, started), retries)
+
+    def _record_failure(self, cause: str, message: str) -> bool:
+        """Whether this failure may be recorded; False when the breaker holds it."""
+        was = self.breaker.state
+        allowed = self.breaker.failure(cause)
+        if self.breaker.state == "open" and was != "open":
+            log.error("circuit breaker open: the server fails every request the same way; "
+                      "holding prompts (their offsets stay uncommitted) and probing again",
+                      cause=cause, example=message[:300],
+                      probe_in_s=round(self.breaker.seconds_to_probe(), 1),
+                      trips=self.breaker.trips)
+            self.on_breaker("open", cause)
+        return allowed
+
+    async def _breaker_allows(self) -> None:
+        while not self.breaker.may_start():
+            await asyncio.sleep(min(1.0, max(0.05, self.breaker.seconds_to_probe())))
 
     def completion(self, prompt: PromptRecord, result: Generated, attempts: int,
                    started: float) -> Completion:

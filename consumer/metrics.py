@@ -39,6 +39,9 @@ class ConsumerMetrics:
                                  registry=r)
         self.server_up = Gauge("tokenmill_consumer_server_up", "1 while the SGLang server answers",
                                registry=r)
+        self.breaker_open = Gauge("tokenmill_consumer_breaker_open",
+                                  "1 while the circuit breaker holds prompts (the server fails "
+                                  "every request the same way)", registry=r)
         self.slots = Gauge("tokenmill_consumer_slots", "Group members this worker runs "
                            "(its share of partitions follows its capacity)", registry=r)
         self.assigned = Gauge("tokenmill_consumer_assigned_partitions", "Assigned partitions",

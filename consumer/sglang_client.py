@@ -8,7 +8,9 @@ the failure taxonomy that decides what happens next.
 - `Retryable`: transient (5xx, timeout, abort) - retry with backoff;
 - `ServerUnavailable`: the server is down or loading - pause, never the
   prompt's fault;
-- `ServerMisconfigured`: 401/403/404 - every prompt would fail; stop.
+- `ServerRefused`: 404/405/501 - the server does not serve this API; the
+  worker's circuit breaker holds the prompts after a few;
+- `ServerMisconfigured`: 401/403 - every prompt would fail; stop.
 """
 
 from __future__ import annotations
@@ -47,7 +49,14 @@ class ServerUnavailable(GenerationError):
 
 
 class ServerMisconfigured(GenerationError):
-    """The server refuses every request (auth, unknown model or path)."""
+    """The server refuses our credentials (401/403): every prompt would fail."""
+
+
+class ServerRefused(GenerationError):
+    """The server cannot serve this API (404/405/501: not SGLang, wrong path):
+    not the prompt's fault, not transient; the circuit breaker decides."""
+
+    kind = "server_error"
 
 
 # --- response shapes (lenient: every field optional) ------------------------
@@ -158,8 +167,10 @@ def classify_status(status: int, message: str) -> GenerationError:
         return PromptRejected(message, status, kind)
     if status == 413:
         return PromptRejected(message, status, "prompt_too_long")
-    if status in (401, 403, 404):
+    if status in (401, 403):
         return ServerMisconfigured(f"HTTP {status}: {message}", status)
+    if status in (404, 405, 501):
+        return ServerRefused(f"HTTP {status}: {message}", status)
     if status == 503:
         return ServerUnavailable(f"HTTP 503: {message}", status)
     if status == 422:
@@ -307,6 +318,22 @@ class SGLangClient:
         if answer is None or answer[0] != 200:
             return None
         return answer[1].decode(errors="replace")
+
+    async def context_length(self) -> int | None:
+        """The served model's context length (`max_model_len` of /v1/models, as
+        SGLang and vLLM report it); None when the server does not say."""
+        answer = await self._get("/v1/models")
+        if answer is None or answer[0] != 200:
+            return None
+        try:
+            models = msgspec.json.decode(answer[1])
+        except msgspec.DecodeError:
+            return None
+        data = models.get("data") if isinstance(models, dict) else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            return None
+        value = data[0].get("max_model_len")
+        return value if isinstance(value, int) and value > 0 else None
 
     async def max_running_requests(self) -> int | None:
         """The server's own limit from SGLang's /get_server_info; None elsewhere."""

@@ -30,6 +30,7 @@ from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 
 from consumer import counters
 from consumer.backoff import RetryPolicy
+from consumer.breaker import Breaker
 from consumer.concurrency import AutoBounds, next_limit, parse_metrics
 from consumer.fleet import FleetView, RateTracker, decide
 from consumer.fleet_view import ViewUnavailable, read_view
@@ -84,6 +85,9 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     # An idle worker still commits its counters this often: `status` sees it
     # alive, and a duplicate --instance that fenced it is noticed.
     heartbeat_s: float = 10.0
+    breaker_window: int = 20  # recent requests the circuit breaker looks at
+    breaker_threshold: float = 0.9  # share of one failure cause that opens it
+    breaker_cooldown_s: float = 30.0  # before the first probe (doubles, up to 10 min)
     stall_s: float = 120.0
     api_key: str | None = None
 
@@ -127,6 +131,8 @@ class Worker:
         self._gate: HealthGate | None = None
         self._generator: Generator | None = None
         self._rates = RateTracker()
+        self.breaker = Breaker(window=config.breaker_window, threshold=config.breaker_threshold,
+                               cooldown_s=config.breaker_cooldown_s)
         self._background: list[asyncio.Task[Any]] = []
         self.watchdog = Watchdog(f"worker {config.instance}", stall_s=config.stall_s)
 
@@ -254,7 +260,8 @@ class Worker:
         assert self._members is not None
         want = self._pause.want(buffered=self._buffered(), limit=self.limit,
                                 paused=self._members.paused, stopping=self.stopping,
-                                server_up=self._gate.is_open if self._gate else True,
+                                server_up=(self._gate.is_open if self._gate else True)
+                                and self.breaker.state == "closed",
                                 now=time.monotonic())
         self._members.apply_pause(want)
 
@@ -372,7 +379,8 @@ class Worker:
         new_progress = msgspec.structs.replace(
             counters.add_records(self._progress, all_records,
                                  sum(state.retries for state, _, _ in ready)),
-            concurrency_limit=self.limit, in_flight=self.in_flight)
+            concurrency_limit=self.limit, in_flight=self.in_flight,
+            breaker=(self.breaker.cause or "") if self.breaker.state != "closed" else "")
         started = time.monotonic()
         try:
             with self._txns.transaction(lambda: [
@@ -520,6 +528,23 @@ class Worker:
         alone, it drains them first."""
         return self.others_seen and self.config.group_protocol == "consumer"
 
+    async def _check_server(self, client: SGLangClient) -> None:
+        """What can be known up front: a context length that leaves no room for
+        a prompt fails every request, so refuse to start (one line)."""
+        context = await client.context_length()
+        max_tokens = self.spec.generation.max_tokens
+        if context is not None and max_tokens >= context:
+            raise FatalWorkerError(
+                f"run {self.run_id} asks for max_tokens {max_tokens}, but the server at "
+                f"{self.config.sglang_url} has a context length of {context}: no prompt would "
+                "fit. Start SGLang with a larger --context-length, or use a run with a smaller "
+                "--max-tokens")
+
+    def _on_breaker(self, state: str, cause: str | None) -> None:
+        self.metrics.breaker_open.set(1 if state == "open" else 0)
+        self._last_committed = 0.0  # the next commit round records it (a heartbeat)
+        self._wake.set()
+
     def _on_server_change(self, healthy: bool) -> None:
         self.metrics.server_up.set(1 if healthy else 0)
         self._wake.set()
@@ -558,11 +583,12 @@ class Worker:
             self._client = client
             self._gate = HealthGate(client.healthy, interval_s=self.config.health_interval_s,
                                     on_change=self._on_server_change)
+            await self._check_server(client)
             self._generator = Generator(
                 client=client, gate=self._gate, spec=self.spec, instance=self.config.instance,
-                retry=self.config.retry,
+                retry=self.config.retry, breaker=self.breaker,
                 on_retry=lambda kind: self.metrics.retries.labels(kind).inc(),
-                on_latency=self._observe_latency)
+                on_latency=self._observe_latency, on_breaker=self._on_breaker)
             if self.config.concurrency is None:
                 await self._initial_auto_limit()
                 self._background.append(loop.create_task(self._auto_concurrency()))

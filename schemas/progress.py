@@ -54,6 +54,7 @@ class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="k
     # Snapshot at commit time: the answer to "what batch size are we running?"
     concurrency_limit: int = 0
     in_flight: int = 0
+    breaker: str = ""  # the failure cause while the circuit breaker is open
     started_at: float = 0.0
     updated_at: float = 0.0
     v: int = 1

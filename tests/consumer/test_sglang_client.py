@@ -5,6 +5,7 @@ from consumer.sglang_client import (
     PromptRejected,
     Retryable,
     ServerMisconfigured,
+    ServerRefused,
     ServerUnavailable,
     SGLangClient,
     classify_status,
@@ -84,7 +85,10 @@ def test_abort_and_garbage_are_retryable() -> None:
     (500, "boom", Retryable, "server_error"),
     (502, "bad gateway", Retryable, "server_error"),
     (503, "loading", ServerUnavailable, None),
-    (404, "model not found", ServerMisconfigured, None),
+    (401, "bad key", ServerMisconfigured, None),
+    (404, "model not found", ServerRefused, "server_error"),
+    (405, "method not allowed", ServerRefused, "server_error"),
+    (501, "not implemented", ServerRefused, "server_error"),
 ])
 def test_status_taxonomy(status, message, expected, kind) -> None:
     error = classify_status(status, message)

@@ -1,0 +1,149 @@
+"""The circuit breaker and the up-front checks against real worker processes:
+a server that starts failing every request (400 for context length, 501 from
+something that is not SGLang) costs at most about one breaker window of
+failure records, the run resumes when the server recovers, exactly once; a
+server whose context cannot hold max_tokens, or a URL that is not http(s),
+is refused at start with one line."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from schemas import Failure
+from tests.consumer.pipeline import (
+    REPO,
+    ConsumerProcess,
+    committed_records,
+    consumer_progress,
+    create_run,
+    duplicates,
+    make_prompts,
+    publish,
+    wait_until,
+)
+from tokenmill.devstack.processes import free_port
+from tokenmill.simulator import SimulatorConfig, running_simulator
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+PACED = SimulatorConfig(decode_rate=300.0, length_median=40, length_sigma=0.3, length_max=100,
+                        max_running_requests=256, prefill_rate=0)
+FAILURES = {
+    "400": (400, "Requested token count exceeds the model's maximum context length of 400 "
+                 "tokens. You requested a total of 700 tokens."),
+    "501": (501, "Not Implemented"),
+}
+
+
+@contextmanager
+def switchable(upstream: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A server in front of the simulator whose chat answers can be switched
+    to an error for every request (`mode["chat"]`); the rest passes through."""
+    mode = {"chat": "pass"}
+
+    async def forward(request: web.Request) -> web.Response:
+        if request.path == "/v1/chat/completions" and mode["chat"] != "pass":
+            status, message = FAILURES[mode["chat"]]
+            return web.json_response({"object": "error", "message": message,
+                                      "type": "BadRequestError", "param": None,
+                                      "code": status}, status=status)
+        async with aiohttp.ClientSession() as session:
+            async with session.request(request.method, upstream + request.path_qs,
+                                       data=await request.read(),
+                                       headers={"Content-Type": "application/json"}) as answer:
+                return web.Response(status=answer.status, body=await answer.read(),
+                                    content_type="application/json")
+
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{port}", mode
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def _failures(settings, run_id) -> int:
+    return consumer_progress(settings, run_id).consumer_total("failures")
+
+
+@pytest.mark.parametrize("failing", ["400", "501"])
+def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
+        settings, run_id, tmp_path, failing) -> None:
+    spec = create_run(settings, run_id, partitions=2)
+    prompts = make_prompts(run_id, 1200)
+    publish(settings, spec, prompts)
+    with running_simulator(PACED) as upstream, switchable(upstream) as (url, mode):
+        worker = ConsumerProcess(settings, run_id, url, "b0", tmp_path, "--concurrency", "16",
+                                 "--until-done", "--breaker-cooldown", "1",
+                                 "--max-attempts", "2", "--retry-base", "0.05").start()
+        try:
+            wait_until(lambda: consumer_progress(settings, run_id).generated > 100, 60,
+                       "healthy progress")
+            mode["chat"] = failing  # the server starts failing every request
+            opened = ("circuit breaker open: the server fails every request the same way; "
+                      "holding prompts (their offsets stay uncommitted) and probing again")
+            wait_until(lambda: worker.events(opened), 60, "the breaker opening")
+            # what was in flight when it opened settles; then, while probes keep
+            # failing (cooldown 1 s, doubling), nothing more is committed
+            time.sleep(3)
+            settled = consumer_progress(settings, run_id).generated
+            time.sleep(5)
+            assert consumer_progress(settings, run_id).generated == settled
+            assert consumer_progress(settings, run_id).consumers["b0"].breaker
+            mode["chat"] = "pass"  # the server recovers
+            assert worker.wait(180) == 0, worker.log()[-3000:]
+            assert worker.events("circuit breaker closed: the server answers again")
+        finally:
+            worker.stop()
+    records = committed_records(settings, run_id)
+    assert duplicates(records) == {}
+    assert {r.id for r in records} == {p.id for p in prompts}
+    failures = [r for r in records if isinstance(r, Failure)]
+    assert 1 <= len(failures) <= 20 + 16  # one breaker window, plus what was in flight
+
+
+def test_a_context_that_cannot_hold_max_tokens_is_refused_at_start(settings, run_id,
+                                                                    tmp_path) -> None:
+    create_run(settings, run_id, partitions=1, max_tokens=512)
+    with running_simulator(SimulatorConfig(context_length=400)) as url:
+        worker = ConsumerProcess(settings, run_id, url, "c0", tmp_path).start()
+        assert worker.wait(60) == 1
+    log = worker.log()
+    errors = [line for line in log.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "context length of 400" in errors[0] and "Traceback" not in log
+
+
+@pytest.mark.parametrize("url", ["not-a-url", "ftp://127.0.0.1:21", "http://", "http://h:99999"])
+def test_a_malformed_server_url_is_a_usage_error(url) -> None:
+    result = subprocess.run([sys.executable, "-m", "tokenmill.cli", "consume", "--run", "r",
+                             "--sglang-url", url], capture_output=True, text=True, cwd=REPO,
+                            timeout=60)
+    assert result.returncode == 2
+    assert "--sglang-url" in result.stderr and "Traceback" not in result.stderr
