@@ -44,7 +44,7 @@ from consumer.sglang_client import SGLangClient
 from consumer.validation import check_prompt, invalid_record, topic_run
 from schemas import Failure, PromptRecord, RunSpec
 from schemas.completion import CompletionRecord, encode_record
-from schemas.progress import ConsumerProgress, consumer_key, decode_progress
+from schemas.progress import ConsumerProgress, ServerSnapshot, consumer_key, decode_progress
 from tokenmill import groups, kafka_clients, progress, topics
 from tokenmill.log import get_logger
 from tokenmill.registry import source_prompts_topic
@@ -119,6 +119,7 @@ class Worker:
         self.wasted: dict[str, int] = {}
         self.latency_s = 0.0  # moving average of request latency
         self.others_seen = False  # another worker was in the group at the last look
+        self.server: ServerSnapshot | None = None  # the server's last /metrics reading
         self._pause = PausePolicy()
         self._wake = asyncio.Event()
         self._last_commit = time.monotonic()
@@ -380,7 +381,8 @@ class Worker:
             counters.add_records(self._progress, all_records,
                                  sum(state.retries for state, _, _ in ready)),
             concurrency_limit=self.limit, in_flight=self.in_flight,
-            breaker=(self.breaker.cause or "") if self.breaker.state != "closed" else "")
+            breaker=(self.breaker.cause or "") if self.breaker.state != "closed" else "",
+            server=self.server)
         started = time.monotonic()
         try:
             with self._txns.transaction(lambda: [
@@ -476,19 +478,31 @@ class Worker:
                 self._members.close(name)
         self.metrics.slots.set(len(self._members.slots))
 
-    async def _auto_concurrency(self) -> None:
+    async def _watch_server(self) -> None:
+        """Read the server's /metrics (every second with --concurrency auto,
+        else every 5 s): the auto controller's input, and the snapshot every
+        commit carries for `tokenmill status`."""
         assert self._client is not None
+        auto = self.config.concurrency is None
         bounds = AutoBounds(maximum=self.config.max_concurrency)
+        interval = self.config.auto_interval_s if auto else 5.0
+        server_max = await self._client.max_running_requests()
         warned = False
         while not self.stopping:
-            await asyncio.sleep(self.config.auto_interval_s)
+            await asyncio.sleep(interval)
             text = await self._client.metrics_text()
             load = parse_metrics(text) if text else None
             if load is None:
-                if not warned:
+                if auto and not warned:
                     log.warning("no SGLang metrics at /metrics (start SGLang with "
                                 "--enable-metrics); keeping the in-flight limit", limit=self.limit)
                     warned = True
+                continue
+            self.server = ServerSnapshot(
+                running=load.running, queued=load.queued, token_usage=load.token_usage,
+                gen_throughput=load.gen_throughput, accept_length=load.accept_length,
+                max_running_requests=server_max, at=time.time())
+            if not auto:
                 continue
             new = next_limit(self.limit, load, self.in_flight, bounds)
             if new != self.limit:
@@ -591,7 +605,7 @@ class Worker:
                 on_latency=self._observe_latency, on_breaker=self._on_breaker)
             if self.config.concurrency is None:
                 await self._initial_auto_limit()
-                self._background.append(loop.create_task(self._auto_concurrency()))
+            self._background.append(loop.create_task(self._watch_server()))
             if self.config.until_done:
                 self._background.append(loop.create_task(self._done_watch()))
             self._background.append(loop.create_task(self._fleet()))

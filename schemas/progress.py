@@ -31,6 +31,20 @@ class ProducerCheckpoint(msgspec.Struct, frozen=True, tag="producer", tag_field=
     v: int = 1
 
 
+class ServerSnapshot(msgspec.Struct, frozen=True):
+    """What the worker's SGLang server said about itself (/metrics and
+    /get_server_info) shortly before the commit: the GPU's side of "can the
+    batch grow?"."""
+
+    running: float = 0.0  # sglang:num_running_reqs
+    queued: float = 0.0  # sglang:num_queue_reqs
+    token_usage: float = 0.0  # sglang:token_usage, KV cache share in use
+    gen_throughput: float = 0.0  # sglang:gen_throughput, tok/s
+    accept_length: float | None = None  # sglang:spec_accept_length
+    max_running_requests: int | None = None  # /get_server_info
+    at: float = 0.0  # epoch seconds of the reading
+
+
 class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="kind"):
     run: str
     instance: str
@@ -55,6 +69,7 @@ class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="k
     concurrency_limit: int = 0
     in_flight: int = 0
     breaker: str = ""  # the failure cause while the circuit breaker is open
+    server: ServerSnapshot | None = None
     started_at: float = 0.0
     updated_at: float = 0.0
     v: int = 1
