@@ -135,9 +135,13 @@ class ConsumerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def events(self, name: str) -> list[dict[str, Any]]:
+    def mark(self) -> int:
+        """Where the log ends now: `events(..., since=mark)` reads after it."""
+        return len(self.log()) if self.log_path.exists() else 0
+
+    def events(self, name: str, since: int = 0) -> list[dict[str, Any]]:
         out = []
-        for line in self.log().splitlines():
+        for line in self.log()[since:].splitlines():
             if line.startswith("{"):
                 try:
                     event = msgspec.json.decode(line)

@@ -84,6 +84,18 @@ class Service:
         return self.log.read_text(errors="replace")[-3000:]
 
 
+def _committed(settings, run_id: str) -> int:
+    """Records committed in `.completions` so far (read_committed end offsets
+    minus transaction markers are not countable: count the records)."""
+    return len(read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.completions"))
+
+
+def s3_keys(settings) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
+    return [item["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=settings.s3_bucket) for item in page.get("Contents", [])]
+
+
 def s3_ids(settings, run_id: str) -> list[str]:
     s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
     ids = []
@@ -113,7 +125,7 @@ def test_end_to_end_exactly_once_with_crashes(settings, services, run_id, tmp_pa
     assert produced.returncode == 0, produced.stderr[-3000:]
 
     # ~2% errors, ~15-18% length-capped at 4096 tokens, ~1% empty answers.
-    faulty = SimulatorConfig(time_scale=3000, decode_rate=60.0, max_running_requests=64,
+    faulty = SimulatorConfig(time_scale=100, decode_rate=60.0, max_running_requests=64,
                              prefill_rate=0, error_rate=0.02, empty_rate=0.01,
                              tool_call_parser="qwen25")
     sims = [SimulatorProcess(faulty, port=free_port()) for _ in range(3)]
@@ -127,13 +139,20 @@ def test_end_to_end_exactly_once_with_crashes(settings, services, run_id, tmp_pa
     sink = Service("sink", cli("sink", "--run", run_id, "--instance", "s0", "--until-done",
                                "--batch-size", "100", "--max-batch-age", "1",
                                "--session-timeout", "6"), env, tmp_path)
+    total = 1200 + 300 + 300
     try:
         for service in (*consumers, sink):
             service.start()
-        time.sleep(6)
+        # The kills land mid-run, by condition: some but not all completions
+        # committed, and at least one S3 object written.
+        deadline = time.monotonic() + 180
+        while not (0 < _committed(settings, run_id) < total and s3_keys(settings)):
+            assert time.monotonic() < deadline, "the run never got going"
+            time.sleep(0.2)
         consumers[1].kill()
         sink.kill()
-        time.sleep(1)
+        at_kill = _committed(settings, run_id), len(s3_keys(settings))
+        assert 0 < at_kill[0] < total and at_kill[1] >= 1, at_kill
         consumers[1].start()
         sink.start()
         for service in consumers:
@@ -147,7 +166,7 @@ def test_end_to_end_exactly_once_with_crashes(settings, services, run_id, tmp_pa
 
     published = [r.key.decode() for r in
                  read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.prompts")]
-    assert len(published) == len(set(published)) == 1200 + 300 + 300
+    assert len(published) == len(set(published)) == total
     in_s3 = s3_ids(settings, run_id)
     dlq = read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.dlq")
     in_dlq = [json.loads(r.value)["id"] for r in dlq]
