@@ -68,7 +68,7 @@ def _from_native(tmp: Path) -> Iterator[Services]:
     state, _ = stack.up(stack.StackPlan.on_free_ports(tmp, kafka_heap="768m"))
     try:
         yield Services(
-            bootstrap_servers=state.kafka.address,
+            bootstrap_servers=state.bootstrap,
             s3_endpoint_url=state.s3.address,
             s3_access_key=s3_server.DEV_ACCESS_KEY,
             s3_secret_key=s3_server.DEV_SECRET_KEY,
