@@ -104,8 +104,8 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     plan = stack.StackPlan.on_free_ports(state_dir / "stack", kafka_heap="768m")
-    with console.status("starting Kafka and S3 (the first start fetches Kafka's jars)..."):
-        stack_state, _ = stack.up(plan)
+    with console.status("starting Kafka and S3...") as spinner:
+        stack_state, _ = stack.up(plan, on_progress=spinner.update)
     env = {**os.environ, **stack_state.env(), "TOKENMILL_LOG_FORMAT": "json",
            "TOKENMILL_STATE_DIR": str(state_dir)}
     for key, value in stack_state.env().items():

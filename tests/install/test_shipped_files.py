@@ -3,6 +3,7 @@ the small parsers of the set-up path (Java versions, Maven's output)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,54 @@ def test_fetching_jars_without_java_and_maven_says_so_in_one_line(
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("missing: Java 17+") and "Maven" in message
+
+
+def _fake_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    """A `mvn` that runs `body` (with $OUT = -DoutputDirectory) and counts its
+    calls in calls.txt; the real java stays on PATH."""
+    bin_dir = tmp_path / "mvn-bin"
+    bin_dir.mkdir()
+    mvn = bin_dir / "mvn"
+    mvn.write_text("#!/bin/sh\n"
+                   f"echo call >> {tmp_path}/calls.txt\n"
+                   'for a in "$@"; do case "$a" in -DoutputDirectory=*) OUT="${a#*=}";; esac; done\n'
+                   + body)
+    mvn.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "calls.txt"
+
+
+@pytest.mark.skipif(prerequisites.java_problem() is not None, reason="needs Java 17+ on PATH")
+def test_jar_fetch_shows_progress_and_happens_once(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_maven(tmp_path, monkeypatch, (
+        "echo 'Downloaded from central: https://r/o/kafka-clients-4.1.1.jar (5.0 MB at 9 MB/s)'\n"
+        "echo 'Downloaded from central: https://r/o/kafka_2.13-4.1.1.jar (6.5 MB at 9 MB/s)'\n"
+        'touch "$OUT/kafka_2.13-4.1.1.jar"\n'))
+    progress: list[str] = []
+    lib = kafka_broker.fetch_jars(progress.append)
+    assert (lib / "kafka_2.13-4.1.1.jar").is_file() and (lib / ".complete").is_file()
+    assert any("1 files, 5.0 MB (kafka-clients-4.1.1.jar)" in line for line in progress)
+    assert any("2 files, 11.5 MB (kafka_2.13-4.1.1.jar)" in line for line in progress)
+    assert kafka_broker.fetch_jars() == lib
+    assert calls.read_text().count("call") == 1  # cached: Maven is not asked again
+
+
+@pytest.mark.skipif(prerequisites.java_problem() is not None, reason="needs Java 17+ on PATH")
+def test_jar_fetch_failure_is_one_line_naming_the_log(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_maven(tmp_path, monkeypatch, (
+        "echo '[INFO] Scanning for projects...'\n"
+        "echo '[ERROR] Failed to execute goal: Could not transfer artifact org.apache.kafka:"
+        "kafka_2.13:jar:4.1.1 from/to central: repo.maven.apache.org: Temporary failure'\n"
+        "echo '[ERROR] -> [Help 1]'\nexit 1\n"))
+    with pytest.raises(kafka_broker.BrokerSetupError) as error:
+        kafka_broker.fetch_jars()
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("Maven could not fetch Kafka's jars from Maven Central: "
+                              "Failed to execute goal: Could not transfer artifact")
+    log_path = Path(message.rsplit("(log: ", 1)[1].rstrip(")"))
+    assert "Temporary failure" in log_path.read_text()
+    assert not (tmp_path / "cache" / f"kafka-{kafka_broker.KAFKA_VERSION}" / "lib" / ".complete").exists()
