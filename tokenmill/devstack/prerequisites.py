@@ -2,7 +2,8 @@
 jars are cached) and what the set-up commands need (Python 3.11+ with venv),
 said in one line naming everything missing.
 
-Standard library only, and importable by an old Python, so that
+Standard library only, and importable by an old Python (annotations are
+never evaluated: `from __future__ import annotations`), so that
 `python3 -m tokenmill.devstack.prerequisites` (run by the Makefile before it
 creates the virtual environment) can tell a user with Python 3.9 what to do.
 """
@@ -14,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import List, Optional
 
 JAVA_MIN = 17
 PYTHON_MIN = (3, 11)
@@ -22,7 +22,7 @@ KAFKA_VERSION = "4.1.1"
 _JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 
 
-def java_major(version_output: str) -> Optional[int]:
+def java_major(version_output: str) -> int | None:
     """Java's major version from `java -version` output ("1.8.0_392" is 8)."""
     match = _JAVA_VERSION.search(version_output)
     if match is None:
@@ -33,12 +33,13 @@ def java_major(version_output: str) -> Optional[int]:
     return major
 
 
-def java_problem() -> Optional[str]:
+def java_problem() -> str | None:
     java = shutil.which("java")
     if java is None:
         return f"Java {JAVA_MIN}+ (java is not on PATH; Debian: apt-get install openjdk-17-jre-headless)"
     try:
-        result = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
+                                check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"Java {JAVA_MIN}+ ({java} -version failed: {exc})"
     major = java_major(result.stderr + result.stdout)
@@ -48,14 +49,14 @@ def java_problem() -> Optional[str]:
     return None
 
 
-def maven_problem() -> Optional[str]:
+def maven_problem() -> str | None:
     if shutil.which("mvn") is None:
         return ("Maven (mvn is not on PATH; it fetches Kafka's jars from Maven Central once; "
                 "Debian: apt-get install maven)")
     return None
 
 
-def python_problem(version: "tuple[int, ...]" = tuple(sys.version_info[:2])) -> Optional[str]:
+def python_problem(version: tuple[int, ...] = tuple(sys.version_info[:2])) -> str | None:
     if version < PYTHON_MIN:
         want = ".".join(map(str, PYTHON_MIN))
         have = ".".join(map(str, version))
@@ -69,7 +70,7 @@ def python_problem(version: "tuple[int, ...]" = tuple(sys.version_info[:2])) -> 
     return None
 
 
-def broker_problems(need_maven: bool) -> List[str]:
+def broker_problems(need_maven: bool) -> list[str]:
     """What the Kafka broker is missing (Maven only while jars are not cached)."""
     problems = [java_problem()]
     if need_maven:
@@ -77,7 +78,7 @@ def broker_problems(need_maven: bool) -> List[str]:
     return [p for p in problems if p]
 
 
-def one_line(problems: List[str]) -> str:
+def one_line(problems: list[str]) -> str:
     return "missing: " + "; ".join(problems)
 
 

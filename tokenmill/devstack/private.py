@@ -15,7 +15,7 @@ import signal
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 
@@ -97,7 +97,7 @@ class PrivateStack:
                                                   kafka_heap=kafka_heap, timeout_s=timeout_s)
         self._state: stack.StackState | None = None
 
-    def up(self) -> PrivateStack:
+    def up(self) -> Self:
         self._state, _ = stack.up(self.plan)
         return self
 
@@ -105,7 +105,7 @@ class PrivateStack:
         self._state = None
         return stack.down(self.plan.state_dir)
 
-    def __enter__(self) -> PrivateStack:
+    def __enter__(self) -> Self:
         return self.up()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

@@ -261,9 +261,9 @@ def registered_brokers(bootstrap: str, timeout_s: float = 2.0) -> set[int]:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    client = AdminClient({"bootstrap.servers": bootstrap,
-                          "socket.connection.setup.timeout.ms": int(timeout_s * 1000),
-                          "logger": _SILENT})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _SILENT,
+                              "socket.connection.setup.timeout.ms": int(timeout_s * 1000)}
+    client = AdminClient(config)
     try:
         return set(client.list_topics(timeout=timeout_s).brokers)
     except KafkaException:
@@ -292,9 +292,9 @@ def wait_for_brokers(brokers: list[ServiceState], timeout_s: float,
             if not processes.alive(broker.pid):
                 raise StackError(f"Kafka broker {broker.name} exited during start-up; "
                                  f"last log lines:\n{_tail(broker.log)}")
-        if all(processes.port_open(*_host_port(b.address)) for b in brokers):
-            if wanted <= registered_brokers(bootstrap):
-                return
+        listening = all(processes.port_open(*_host_port(b.address)) for b in brokers)
+        if listening and wanted <= registered_brokers(bootstrap):
+            return
         time.sleep(0.5)
     raise StackError(f"Kafka did not answer at {bootstrap} within {timeout_s:.0f}s; "
                      f"logs: {', '.join(b.log for b in brokers)}")
