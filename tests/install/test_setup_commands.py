@@ -3,6 +3,7 @@ and they check the machine before installing anything (no drift)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -38,10 +39,16 @@ def test_ci_runs_the_readme_test_command_and_nothing_else_runs_tests() -> None:
     assert not any("pytest" in command for command in commands)
 
 
+def _outside_make() -> dict[str, str]:
+    """The environment without an enclosing make's variables (under `make test`
+    a nested make would print "Entering directory" lines and inherit its flags)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+
+
 def _dry_run(target: str, venv: Path) -> list[str]:
     assert MAKE is not None
-    result = subprocess.run([MAKE, "-n", target, f"VENV={venv}"], cwd=CHECKOUT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run([MAKE, "-n", target, f"VENV={venv}", "ARGS="], cwd=CHECKOUT,
+                            capture_output=True, text=True, timeout=60, env=_outside_make())
     assert result.returncode == 0, result.stderr
     return [line.strip() for line in result.stdout.splitlines() if line.strip()]
 
