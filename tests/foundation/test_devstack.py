@@ -117,6 +117,15 @@ def test_up_on_a_half_running_three_broker_stack_restarts_only_what_is_down(
         assert processes.wait_gone(before["kafka-2"], 30)
         status = tokenmill("dev", "status", "--state-dir", state)
         assert status.returncode == 1 and "down" in status.stdout
+        # Its port taken by a stranger meanwhile: refused in one line, nothing replaced.
+        with socket.socket() as stranger:
+            stranger.bind(("127.0.0.1", kafka_port + 2))
+            stranger.listen()
+            blocked = tokenmill("dev", "up", *flags)
+        assert blocked.returncode == 1 and "Traceback" not in blocked.stderr
+        assert f"kafka-2 is down and its port {kafka_port + 2}" in " ".join(blocked.stderr.split())
+        assert {k: v for k, v in _pids(state).items() if k != "kafka-2"} == \
+            {k: v for k, v in before.items() if k != "kafka-2"}
         again = tokenmill("dev", "up", *flags)
         assert again.returncode == 0, again.stderr
         assert "restarted kafka-2" in " ".join(again.stderr.split())

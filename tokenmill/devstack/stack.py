@@ -208,7 +208,7 @@ def _repair(plan: StackPlan, state: StackState) -> tuple[StackState, list[str]]:
     brokers = []
     for broker in state.brokers:
         if not is_running(broker):
-            _require_ports(broker)
+            _require_ports(broker, plan.state_dir)
             broker = msgspec.structs.replace(
                 broker, pid=kafka_broker.start(broker.argv, Path(broker.log)))
             restarted.append(broker.name)
@@ -216,7 +216,7 @@ def _repair(plan: StackPlan, state: StackState) -> tuple[StackState, list[str]]:
     s3 = state.s3
     if not is_running(s3):
         # Its objects went with it (moto keeps them in memory).
-        _require_ports(s3)
+        _require_ports(s3, plan.state_dir)
         s3 = msgspec.structs.replace(s3, pid=processes.spawn(s3.argv, Path(s3.log)))
         restarted.append(s3.name)
         log.warning("the S3 server had stopped; started a new, empty one", address=s3.address)
@@ -235,10 +235,14 @@ def _repair(plan: StackPlan, state: StackState) -> tuple[StackState, list[str]]:
     return state, restarted
 
 
-def _require_ports(service: ServiceState) -> None:
+def _require_ports(service: ServiceState, state_dir: Path) -> None:
     host = service.address.removeprefix("http://").rpartition(":")[0]
     for port in service.ports:
-        processes.require_free(host, port, f"{service.name} (restarting)", "`tokenmill dev down`")
+        if not processes.port_free(host, port):
+            raise processes.PortInUse(
+                f"{service.name} is down and its port {port} on {host} is taken by another "
+                f"process; free it, or `tokenmill dev down --state-dir {state_dir}` and start "
+                f"the stack again on other ports")
 
 
 def _wait_until_ready(state: StackState, timeout_s: float, on_progress: Progress | None) -> None:
