@@ -204,3 +204,18 @@ def test_unreachable_broker_fails_fast_naming_the_address() -> None:
     assert "cannot reach Kafka" in result.stderr
     assert "Traceback" not in result.stderr
     assert elapsed < 15
+
+
+def test_a_process_is_recognised_by_its_command_line_right_after_it_starts(tmp_path: Path) -> None:
+    # Just after Popen returns, /proc/<pid>/cmdline can still be empty (the
+    # kernel finishes exec after the parent is told it succeeded); a fresh
+    # broker must never be taken for a stranger (`dev down` would leave it).
+    argv = ["sleep", "30"]
+    for _ in range(30):  # before the fix about half the starts were missed
+        pid = processes.spawn(argv, tmp_path / "sleep.log")
+        try:
+            assert processes.running_as(pid, argv)
+            assert not processes.running_as(pid, ["sleep", "31"])
+        finally:
+            processes.stop(pid, 2)
+        assert not processes.running_as(pid, argv)

@@ -83,13 +83,18 @@ def alive(pid: int) -> bool:
 def running_as(pid: int, argv: Sequence[str]) -> bool:
     """The process is alive and runs `argv` (not a stranger that reused a
     dead service's pid)."""
-    if not alive(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return cmdline.split(b"\0")[:-1] == [os.fsencode(arg) for arg in argv]
+    deadline = time.monotonic() + 2.0
+    while alive(pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        # Empty while the kernel is still setting up a process that has just
+        # exec'd (Popen has returned already): look again.
+        if cmdline or time.monotonic() > deadline:
+            return cmdline.split(b"\0")[:-1] == [os.fsencode(arg) for arg in argv]
+        time.sleep(0.02)
+    return False
 
 
 def _not_zombie(pid: int) -> bool:
