@@ -25,10 +25,17 @@ from tokenmill.settings import Settings
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-def _partitions(admin: KafkaAdminClient, topic: str) -> list[dict]:
-    described = admin.describe_topics([topic])
-    assert not described[0]["error_code"], described
-    return sorted(described[0]["partitions"], key=lambda p: p["partition_index"])
+def _partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 60.0) -> list[dict]:
+    """The topic's partitions, once the broker asked knows the topic (a topic
+    just created reaches every broker's metadata a moment later)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        described = admin.describe_topics([topic])
+        if not described[0]["error_code"] and described[0]["partitions"]:
+            return sorted(described[0]["partitions"], key=lambda p: p["partition_index"])
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic} not described within {timeout_s}s: {described}")
+        time.sleep(0.5)
 
 
 def _topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str:
