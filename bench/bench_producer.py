@@ -131,7 +131,7 @@ def start_broker(state: Path) -> tuple[str, Path]:
     from tokenmill.devstack import stack
 
     started, _ = stack.up(stack.StackPlan.on_free_ports(state, kafka_heap="1g"))
-    return started.kafka.address, state
+    return started.bootstrap, state
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

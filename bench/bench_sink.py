@@ -310,9 +310,9 @@ def _services(state_dir: Path) -> tuple[Settings, bool]:
     os.environ["AWS_SECRET_ACCESS_KEY"] = s3_server.DEV_SECRET_KEY
     _, others = _cores()
     if others:
-        _pin(state.kafka.pid, others)
+        _pin(state.brokers[0].pid, others)
         _pin(state.s3.pid, others)
-    return Settings(bootstrap_servers=state.kafka.address, s3_endpoint_url=state.s3.address), True
+    return Settings(bootstrap_servers=state.bootstrap, s3_endpoint_url=state.s3.address), True
 
 
 def main() -> None:

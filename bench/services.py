@@ -28,7 +28,7 @@ def bench_settings(kafka_heap: str = "1g") -> Iterator[Settings]:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", s3_server.DEV_ACCESS_KEY)
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", s3_server.DEV_SECRET_KEY)
         try:
-            yield Settings(bootstrap_servers=state.kafka.address,
+            yield Settings(bootstrap_servers=state.bootstrap,
                            s3_endpoint_url=state.s3.address, s3_bucket=state.bucket,
                            state_dir=Path(tmp))
         finally:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tokenmill.devstack.private import PrivateStack
 from tokenmill.settings import Settings
 
 
@@ -68,7 +69,7 @@ def _from_native(tmp: Path) -> Iterator[Services]:
     state, _ = stack.up(stack.StackPlan.on_free_ports(tmp, kafka_heap="768m"))
     try:
         yield Services(
-            bootstrap_servers=state.kafka.address,
+            bootstrap_servers=state.bootstrap,
             s3_endpoint_url=state.s3.address,
             s3_access_key=s3_server.DEV_ACCESS_KEY,
             s3_secret_key=s3_server.DEV_SECRET_KEY,
@@ -112,3 +113,22 @@ def settings(services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 @pytest.fixture
 def run_id() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., PrivateStack]]:
+    """A factory of stacks of the test's own, beside the session's `services`:
+    `private_stack(brokers=3)` starts 3 KRaft brokers and an S3 server on free
+    ports; each node can be killed, stopped and started (`stack.broker(2).kill()`).
+    Everything started is stopped when the test ends."""
+    started: list[PrivateStack] = []
+
+    def start(brokers: int = 1, **options: object) -> PrivateStack:
+        stack = PrivateStack(tmp_path_factory.mktemp(f"private-{brokers}b"), brokers=brokers,
+                             **options)  # type: ignore[arg-type]
+        started.append(stack)
+        return stack.up()
+
+    yield start
+    for stack in started:
+        stack.down()

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "status": "ops.status:status",
     "spot-check": "ops.spot_check:spot_check",
     "demo": "tokenmill.demo:demo",
+    "deploy": "ops.deploy:deploy",
 }
 
 

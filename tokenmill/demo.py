@@ -104,16 +104,16 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     plan = stack.StackPlan.on_free_ports(state_dir / "stack", kafka_heap="768m")
-    with console.status("starting Kafka and S3 (the first start fetches Kafka's jars)..."):
-        stack_state, _ = stack.up(plan)
+    with console.status("starting Kafka and S3...") as spinner:
+        stack_state, _ = stack.up(plan, on_progress=spinner.update)
     env = {**os.environ, **stack_state.env(), "TOKENMILL_LOG_FORMAT": "json",
            "TOKENMILL_STATE_DIR": str(state_dir)}
     for key, value in stack_state.env().items():
         os.environ[key] = value
-    run_settings = Settings(bootstrap_servers=stack_state.kafka.address,
+    run_settings = Settings(bootstrap_servers=stack_state.bootstrap,
                             s3_endpoint_url=stack_state.s3.address, s3_bucket=stack_state.bucket,
                             state_dir=state_dir)
-    console.print(f"[green]stack up[/]: Kafka {stack_state.kafka.address}, "
+    console.print(f"[green]stack up[/]: Kafka {stack_state.bootstrap}, "
                   f"S3 {stack_state.s3.address}; logs in {logs}")
     sims: list[SimulatorProcess] = []
     children: list[Child] = []

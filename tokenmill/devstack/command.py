@@ -27,33 +27,45 @@ def dev() -> None:
 
 
 @dev.command()
+@click.option("--brokers", default=1, show_default=True, type=click.IntRange(1, 5),
+              help="Kafka nodes (KRaft, broker+controller each); 3 gives replication factor 3 "
+                   "with min.insync.replicas 2. Node i listens on --kafka-port + 2i and "
+                   "--controller-port + 2i.")
 @click.option("--kafka-port", default=9092, show_default=True, type=int)
 @click.option("--controller-port", default=9093, show_default=True, type=int)
 @click.option("--s3-port", default=9000, show_default=True, type=int)
 @click.option("--bucket", default=stack.DEFAULT_BUCKET, show_default=True)
-@click.option("--kafka-heap", default="1g", show_default=True, help="Broker JVM heap limit.")
+@click.option("--kafka-heap", default="1g", show_default=True, help="Heap limit of each broker JVM.")
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=float,
               help="Seconds to wait for the services to answer.")
 @service_command
-def up(settings: Settings, kafka_port: int, controller_port: int, s3_port: int, bucket: str,
-       kafka_heap: str, timeout_s: float) -> None:
-    """Start the broker and the S3 server, wait until both answer, print exports.
+def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, s3_port: int,
+       bucket: str, kafka_heap: str, timeout_s: float) -> None:
+    """Start the brokers and the S3 server (or whichever of them is down),
+    wait until they answer, print exports.
 
     \b
     Example:
       eval "$(tokenmill dev up)"
+      eval "$(tokenmill dev up --brokers 3)"
     """
-    plan = stack.StackPlan(
-        state_dir=settings.state_dir, kafka_port=kafka_port, controller_port=controller_port,
-        s3_port=s3_port, bucket=bucket, kafka_heap=kafka_heap, timeout_s=timeout_s,
+    plan = stack.StackPlan.on_ports(
+        settings.state_dir, kafka_port=kafka_port, controller_port=controller_port,
+        brokers=brokers, s3_port=s3_port, bucket=bucket, kafka_heap=kafka_heap,
+        timeout_s=timeout_s,
     )
     started_at = time.monotonic()
-    with console.status("starting Kafka and S3 (the first start fetches Kafka's jars)..."):
-        state, started = stack.up(plan)
-    what = "started" if started else "already running"
+    with console.status("starting Kafka and S3...") as spinner:
+        state, started = stack.up(plan, on_progress=spinner.update)
+    if not started:
+        what = "already running"
+    elif len(started) == len(state.services()):
+        what = "started"
+    else:
+        what = f"restarted {', '.join(started)} (the rest was running)"
     console.print(
         f"[green]dev stack {what}[/] in {time.monotonic() - started_at:.1f}s: "
-        f"Kafka {state.kafka.address}, S3 {state.s3.address} (bucket {state.bucket}); "
+        f"Kafka {state.bootstrap}, S3 {state.s3.address} (bucket {state.bucket}); "
         f"state in {settings.state_dir}"
     )
     click.echo(_exports(state))
@@ -79,9 +91,9 @@ def status(settings: Settings) -> None:
     table = Table(title=f"dev stack ({Path(settings.state_dir).resolve()})")
     for column in ("service", "state", "address", "pid", "log"):
         table.add_column(column)
-    for name, service in (("kafka", state.kafka), ("s3", state.s3)):
-        table.add_row(name, "[green]up[/]" if alive[name] else "[red]down[/]", service.address,
-                      str(service.pid), service.log)
+    for service in state.services():
+        table.add_row(service.name, "[green]up[/]" if alive[service.name] else "[red]down[/]",
+                      service.address, str(service.pid), service.log)
     Console().print(table)
     if not all(alive.values()):
         raise SystemExit(1)

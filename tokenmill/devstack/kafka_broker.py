@@ -1,86 +1,127 @@
-"""A single-node KRaft Apache Kafka broker from Maven Central's jars.
+"""Apache Kafka brokers (KRaft, combined broker+controller nodes) from Maven
+Central's jars, for the local stack.
 
-The jars are fetched once (by Maven, from `deploy/kafka/pom.xml`) into a
-cache shared by every state directory; each state directory holds its own
-config, data and logs.
+The jars are fetched once (by Maven, from the `kafka/pom.xml` the package
+ships) into a cache shared by every state directory; each node of each state
+directory has its own config, data and logs. A node's command line is kept
+with the stack's state, so a restart is the same command on the same data.
 """
 
 from __future__ import annotations
 
-import base64
-import os
+import fcntl
+import re
 import shutil
-import string
 import subprocess
-import uuid
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmill.devstack import processes
+from tokenmill import deploy_files, kraft
+from tokenmill.devstack import prerequisites, processes
 from tokenmill.log import get_logger
 
 log = get_logger("tokenmill.devstack")
 
-KAFKA_VERSION = "4.1.1"
+KAFKA_VERSION = prerequisites.KAFKA_VERSION
+FETCH_TIMEOUT_S = 1800.0
 
 
 class BrokerSetupError(RuntimeError):
     """Java, Maven or the broker's files are missing or broken."""
 
 
-def deploy_dir() -> Path:
-    """`deploy/kafka` of the source checkout this package runs from."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "deploy" / "kafka"
-        if (candidate / "pom.xml").is_file():
-            return candidate
-    raise BrokerSetupError(
-        "deploy/kafka/pom.xml not found next to the tokenmill package; "
-        "run the dev stack from a source checkout (pip install -e .)"
-    )
-
-
 def cache_dir() -> Path:
-    root = os.environ.get("TOKENMILL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tokenmill"
-    )
-    return Path(root) / f"kafka-{KAFKA_VERSION}"
+    return Path(prerequisites.kafka_cache_dir())
 
 
-def fetch_jars() -> Path:
-    """Resolve the broker's runtime jars once; later calls reuse them."""
+_DOWNLOADED = re.compile(r"^Downloaded from [^:]+: (\S+) \(([\d.]+) (B|kB|KB|MB|GB)")
+_UNIT = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def downloaded(line: str) -> tuple[str, int] | None:
+    """(file name, bytes) when a Maven output line reports a finished download."""
+    match = _DOWNLOADED.match(line.strip())
+    if match is None:
+        return None
+    url, size, unit = match.groups()
+    return url.rsplit("/", 1)[-1], int(float(size) * _UNIT[unit])
+
+
+def failure_line(output: str) -> str:
+    """The line that says why Maven failed: its first [ERROR], else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line.removeprefix("[ERROR]").strip() for line in lines if line.startswith("[ERROR]")]
+    errors = [line for line in errors if line]
+    if errors:
+        return errors[0]
+    return lines[-1] if lines else "no output"
+
+
+def fetch_jars(on_progress: Callable[[str], None] | None = None) -> Path:
+    """Resolve the broker's runtime jars once; later calls reuse them.
+
+    `on_progress` receives a short line per downloaded file. Several processes
+    may call this at once: one fetches, the others wait for it."""
     lib = cache_dir() / "lib"
     marker = lib / ".complete"
     if marker.is_file():
         return lib
-    if shutil.which("java") is None:
-        raise BrokerSetupError("java not found on PATH: the Kafka broker needs Java 17+")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise BrokerSetupError("mvn not found on PATH: Maven fetches the Kafka jars once")
-    lib.mkdir(parents=True, exist_ok=True)
-    log.info("fetching Kafka jars from Maven Central (once)", version=KAFKA_VERSION, into=str(lib))
-    result = subprocess.run(
-        [mvn, "-q", "-B", "-f", str(deploy_dir() / "pom.xml"),
-         "dependency:copy-dependencies", "-DincludeScope=runtime",
-         f"-DoutputDirectory={lib}"],
-        capture_output=True, text=True,
-    )
-    if result.returncode != 0 or not any(lib.glob("kafka_2.13-*.jar")):
-        raise BrokerSetupError(
-            "Maven could not fetch the Kafka jars:\n" + (result.stdout + result.stderr)[-2000:]
-        )
-    marker.write_text(KAFKA_VERSION)
+    problems = prerequisites.broker_problems(need_maven=True)
+    if problems:
+        raise BrokerSetupError(prerequisites.one_line(problems))
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching
+        if not marker.is_file():
+            _run_maven(lib, on_progress or (lambda _: None))
+            marker.write_text(KAFKA_VERSION)
     return lib
 
 
+def _run_maven(lib: Path, on_progress: Callable[[str], None]) -> None:
+    work = cache_dir()
+    pom = work / "pom.xml"
+    pom.write_text(deploy_files.read_text("kafka/pom.xml"))
+    lib.mkdir(parents=True, exist_ok=True)
+    mvn_log = work / "mvn.log"
+    log.info("fetching Kafka jars from Maven Central (once)", version=KAFKA_VERSION, into=str(lib))
+    on_progress(f"fetching Kafka {KAFKA_VERSION}'s jars from Maven Central (once)")
+    command = [shutil.which("mvn") or "mvn", "-B", "-f", str(pom),
+               "dependency:copy-dependencies", "-DincludeScope=runtime",
+               f"-DoutputDirectory={lib}"]
+    files, total = 0, 0
+    with open(mvn_log, "w") as out:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, text=True, cwd=work)
+        watchdog = threading.Timer(FETCH_TIMEOUT_S, process.kill)
+        watchdog.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                out.write(line)
+                got = downloaded(line)
+                if got is not None:
+                    files += 1
+                    total += got[1]
+                    on_progress(f"fetching Kafka's jars from Maven Central (once): {files} files, "
+                                f"{total / 1e6:.1f} MB ({got[0]})")
+            code = process.wait()
+        finally:
+            watchdog.cancel()
+    if code != 0 or not any(lib.glob("kafka_2.13-*.jar")):
+        reason = failure_line(mvn_log.read_text(errors="replace"))
+        raise BrokerSetupError(
+            f"Maven could not fetch Kafka's jars from Maven Central: {reason} (log: {mvn_log})")
+
+
 @dataclass(frozen=True)
-class BrokerPlan:
-    home: Path  # <state>/kafka
-    host: str
-    kafka_port: int
-    controller_port: int
+class NodePlan:
+    """One node of the local cluster: its ports and its directory."""
+
+    node: kraft.Node
+    home: Path
     heap: str = "1g"
 
     @property
@@ -96,53 +137,61 @@ class BrokerPlan:
         return self.home / "logs"
 
     @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
+    def log_path(self) -> Path:
+        return self.logs_dir / "broker.out"
+
+    @property
+    def address(self) -> str:
+        return f"{self.node.host}:{self.node.kafka_port}"
 
 
-def render_config(plan: BrokerPlan) -> str:
-    template = string.Template((deploy_dir() / "server.properties").read_text())
-    return template.substitute(
-        host=plan.host,
-        kafka_port=plan.kafka_port,
-        controller_port=plan.controller_port,
-        data_dir=plan.data_dir,
-    )
-
-
-def _java_command(plan: BrokerPlan, lib: Path, main: str, *args: str) -> list[str]:
+def java_command(plan: NodePlan, lib: Path, main: str, *args: str) -> list[str]:
+    tool = main != "kafka.Kafka"
     return [
-        "java", f"-Xmx{plan.heap}", "-Xms128m", "-XX:+UseG1GC",
-        "-XX:TieredStopAtLevel=1" if main != "kafka.Kafka" else "-XX:+UseStringDeduplication",
+        "java", f"-Xmx{plan.heap}" if not tool else "-Xmx256m", "-Xms128m" if not tool else "-Xms32m",
+        "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1" if tool else "-XX:+UseStringDeduplication",
         f"-Dkafka.logs.dir={plan.logs_dir}",
-        f"-Dlog4j2.configurationFile={deploy_dir() / 'log4j2.properties'}",
+        f"-Dlog4j2.configurationFile={plan.home / 'log4j2.properties'}",
         "-cp", f"{lib}/*", main, *args,
     ]
 
 
-def prepare(plan: BrokerPlan, lib: Path) -> None:
-    """Write the config and format storage (first start of this state dir only)."""
-    plan.home.mkdir(parents=True, exist_ok=True)
-    plan.logs_dir.mkdir(parents=True, exist_ok=True)
-    plan.config_path.write_text(render_config(plan))
-    if (plan.data_dir / "meta.properties").is_file():
-        return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    result = subprocess.run(
-        _java_command(plan, lib, "kafka.tools.StorageTool",
-                      # "=" form: a base64 id may start with "-", which argparse
-                      # would take for an option.
-                      "format", f"--cluster-id={cluster_id}", "-c", str(plan.config_path)),
-        capture_output=True, text=True,
-    )
-    if result.returncode != 0:
-        raise BrokerSetupError(
-            f"formatting Kafka storage in {plan.data_dir} failed:\n{result.stdout}{result.stderr}"
-        )
+def broker_command(plan: NodePlan, lib: Path) -> list[str]:
+    return java_command(plan, lib, "kafka.Kafka", str(plan.config_path))
 
 
-def start(plan: BrokerPlan, lib: Path) -> int:
-    return processes.spawn(
-        _java_command(plan, lib, "kafka.Kafka", str(plan.config_path)),
-        plan.logs_dir / "broker.out",
-    )
+def cluster_id(state_dir: Path) -> str:
+    """The cluster id of a state directory's cluster, made on first use."""
+    path = state_dir / "kafka-cluster-id"
+    if not path.is_file():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(kraft.new_cluster_id())
+    return path.read_text().strip()
+
+
+def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str) -> None:
+    """Write each node's config and format the storage of nodes never
+    started (in parallel: one JVM each)."""
+    nodes = [plan.node for plan in plans]
+    formatting = []
+    for plan in plans:
+        plan.logs_dir.mkdir(parents=True, exist_ok=True)
+        plan.config_path.write_text(kraft.server_properties(
+            nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster))
+        (plan.home / "log4j2.properties").write_text(deploy_files.read_text("kafka/log4j2.properties"))
+        if (plan.data_dir / "meta.properties").is_file():
+            continue
+        # "=" form: a base64 id may start with "-", which argparse would take for an option.
+        command = java_command(plan, lib, "kafka.tools.StorageTool", "format",
+                               f"--cluster-id={cluster}", "-c", str(plan.config_path))
+        formatting.append((plan, subprocess.Popen(command, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.STDOUT, text=True)))
+    for plan, process in formatting:
+        output, _ = process.communicate(timeout=300)
+        if process.returncode != 0:
+            raise BrokerSetupError(
+                f"formatting Kafka storage in {plan.data_dir} failed: {failure_line(output)}")
+
+
+def start(argv: Sequence[str], log_path: Path) -> int:
+    return processes.spawn(argv, log_path)

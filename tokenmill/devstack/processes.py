@@ -80,6 +80,23 @@ def alive(pid: int) -> bool:
         return _not_zombie(pid)
 
 
+def running_as(pid: int, argv: Sequence[str]) -> bool:
+    """The process is alive and runs `argv` (not a stranger that reused a
+    dead service's pid)."""
+    deadline = time.monotonic() + 2.0
+    while alive(pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        # Empty while the kernel is still setting up a process that has just
+        # exec'd (Popen has returned already): look again.
+        if cmdline or time.monotonic() > deadline:
+            return cmdline.split(b"\0")[:-1] == [os.fsencode(arg) for arg in argv]
+        time.sleep(0.02)
+    return False
+
+
 def _not_zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -88,18 +105,40 @@ def _not_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to a process group; False when it is gone already."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Wait until the process and its group have exited; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid) and not group_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def stop(pid: int, grace_s: float = 15.0) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left."""
+    stop_all([pid], grace_s)
+
+
+def stop_all(pids: Sequence[int], grace_s: float = 15.0) -> None:
+    """Stop several process groups at once (a cluster's nodes shut down
+    together instead of waiting, one by one, for a quorum that is leaving)."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
+        pending = [pid for pid in pids if signal_group(pid, sig)]
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not alive(pid) and not group_alive(pid):
-                return
-            time.sleep(0.1)
+        pids = [pid for pid in pending
+                if not wait_gone(pid, max(0.0, deadline - time.monotonic()))]
+        if not pids:
+            return
 
 
 def group_alive(pgid: int) -> bool:

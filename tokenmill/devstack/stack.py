@@ -1,45 +1,62 @@
-"""Bring the dev stack up and down, and say what runs where.
+"""Bring the dev stack up and down, repair it, and say what runs where.
 
-State lives in `<state_dir>/stack.json`; every process runs in its own
-session so `down` can stop the whole group and leave nothing behind.
+State lives in `<state_dir>/stack.json`, with each service's command line;
+every process runs in its own session so `down` can stop the whole group and
+leave nothing behind. `up` on a stack that is partly down restarts only what
+is down, the same command on the same data, and never replaces a running S3
+server (moto keeps its objects in memory: a new one would be empty).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import boto3
 import msgspec
 
-from tokenmill import kafka_clients
+from tokenmill import kraft
 from tokenmill.devstack import kafka_broker, processes, s3_server
 from tokenmill.log import get_logger
-from tokenmill.settings import Settings
 
 log = get_logger("tokenmill.devstack")
 
 DEFAULT_BUCKET = "tokenmill"
+LOCAL_EXTRA_HINT = ("the local stack needs moto, which comes with the `local` extra: "
+                    "pip install 'tokenmill[local]' (from a checkout: pip install -e '.[local]')")
 
 
 class ServiceState(msgspec.Struct):
+    name: str  # kafka-<node id> or s3
     pid: int
     address: str
     log: str
+    argv: list[str]  # the command line, to restart it the same way
+    ports: list[int]
 
 
 class StackState(msgspec.Struct):
-    kafka: ServiceState
+    brokers: list[ServiceState]
     s3: ServiceState
     bucket: str
     started_at: float
 
+    @property
+    def bootstrap(self) -> str:
+        """Every broker, as clients take it (`host:port,host:port`)."""
+        return ",".join(broker.address for broker in self.brokers)
+
+    def services(self) -> list[ServiceState]:
+        return [*self.brokers, self.s3]
+
     def env(self) -> dict[str, str]:
         return {
-            "TOKENMILL_BOOTSTRAP_SERVERS": self.kafka.address,
+            "TOKENMILL_BOOTSTRAP_SERVERS": self.bootstrap,
             "TOKENMILL_S3_ENDPOINT_URL": self.s3.address,
             "TOKENMILL_S3_BUCKET": self.bucket,
             "AWS_ACCESS_KEY_ID": s3_server.DEV_ACCESS_KEY,
@@ -54,22 +71,55 @@ class StackError(RuntimeError):
 
 @dataclass(frozen=True)
 class StackPlan:
+    """Where the stack runs. Node i of the cluster listens on `kafka_ports[i]`
+    (clients) and `controller_ports[i]` (the KRaft quorum)."""
+
     state_dir: Path
     host: str = "127.0.0.1"
-    kafka_port: int = 9092
-    controller_port: int = 9093
+    kafka_ports: tuple[int, ...] = (9092,)
+    controller_ports: tuple[int, ...] = (9093,)
     s3_port: int = 9000
     bucket: str = DEFAULT_BUCKET
     kafka_heap: str = "1g"
     timeout_s: float = 120.0
+    nodes: tuple[kraft.Node, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(self.kafka_ports) != len(self.controller_ports) or not self.kafka_ports:
+            raise ValueError("one Kafka port and one controller port per broker")
+        nodes = tuple(kraft.Node(i + 1, self.host, k, c)
+                      for i, (k, c) in enumerate(zip(self.kafka_ports, self.controller_ports)))
+        object.__setattr__(self, "nodes", nodes)
+
+    @property
+    def brokers(self) -> int:
+        return len(self.nodes)
 
     @classmethod
-    def on_free_ports(cls, state_dir: Path, **options: Any) -> StackPlan:
+    def on_ports(cls, state_dir: Path, *, kafka_port: int = 9092, controller_port: int = 9093,
+                 brokers: int = 1, **options: Any) -> StackPlan:
+        """Node i on `kafka_port + 2i` and `controller_port + 2i` (9092/9093,
+        9094/9095, ... with the defaults)."""
+        return cls(state_dir=state_dir,
+                   kafka_ports=tuple(kafka_port + 2 * i for i in range(brokers)),
+                   controller_ports=tuple(controller_port + 2 * i for i in range(brokers)),
+                   **options)
+
+    @classmethod
+    def on_free_ports(cls, state_dir: Path, *, brokers: int = 1, **options: Any) -> StackPlan:
         """A private stack (tests, benchmarks, the demo) beside whatever else
         runs: every port picked free."""
-        return cls(state_dir=state_dir, kafka_port=processes.free_port(),
-                   controller_port=processes.free_port(), s3_port=processes.free_port(),
-                   **options)
+        return cls(state_dir=state_dir,
+                   kafka_ports=tuple(processes.free_port() for _ in range(brokers)),
+                   controller_ports=tuple(processes.free_port() for _ in range(brokers)),
+                   s3_port=processes.free_port(), **options)
+
+    def node_plans(self) -> list[kafka_broker.NodePlan]:
+        single = self.brokers == 1
+        return [kafka_broker.NodePlan(
+                    node=node, heap=self.kafka_heap,
+                    home=self.state_dir / ("kafka" if single else f"kafka-{node.node_id}"))
+                for node in self.nodes]
 
 
 def state_path(state_dir: Path) -> Path:
@@ -80,50 +130,127 @@ def read_state(state_dir: Path) -> StackState | None:
     path = state_path(state_dir)
     if not path.is_file():
         return None
-    return msgspec.json.decode(path.read_bytes(), type=StackState)
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=StackState)
+    except msgspec.DecodeError as exc:
+        raise StackError(f"cannot read {path} ({exc}); stop what it started and remove it") from None
+
+
+def write_state(state_dir: Path, state: StackState) -> None:
+    path = state_path(state_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.encode(state))
+    tmp.replace(path)
+
+
+def is_running(service: ServiceState) -> bool:
+    return processes.running_as(service.pid, service.argv)
 
 
 def running(state: StackState) -> dict[str, bool]:
-    return {"kafka": processes.alive(state.kafka.pid), "s3": processes.alive(state.s3.pid)}
+    return {service.name: is_running(service) for service in state.services()}
 
 
-def up(plan: StackPlan) -> tuple[StackState, bool]:
-    """Start the stack; returns (state, started). Already running: no-op."""
+Progress = Callable[[str], None]
+
+
+def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState, list[str]]:
+    """Start the stack, or what of it is down; returns (state, names started).
+    An empty list means everything was already running."""
+    if importlib.util.find_spec("moto") is None:
+        raise StackError(LOCAL_EXTRA_HINT)
     plan.state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_state(plan.state_dir)
     if existing is not None:
-        if all(running(existing).values()):
-            return existing, False
-        down(plan.state_dir)  # half-dead: clear it and start clean
-    processes.require_free(plan.host, plan.kafka_port, "Kafka", "--kafka-port")
-    processes.require_free(plan.host, plan.controller_port, "the Kafka controller",
-                           "--controller-port")
+        return _repair(plan, existing)
+    for node in plan.nodes:
+        suffix = "" if plan.brokers == 1 else f" {node.node_id}"
+        processes.require_free(plan.host, node.kafka_port, f"Kafka{suffix}", "--kafka-port")
+        processes.require_free(plan.host, node.controller_port, f"the Kafka controller{suffix}",
+                               "--controller-port")
     processes.require_free(plan.host, plan.s3_port, "the S3 server", "--s3-port")
 
-    lib = kafka_broker.fetch_jars()
-    broker = kafka_broker.BrokerPlan(
-        home=plan.state_dir / "kafka", host=plan.host, kafka_port=plan.kafka_port,
-        controller_port=plan.controller_port, heap=plan.kafka_heap,
-    )
-    kafka_broker.prepare(broker, lib)
-    kafka_pid = kafka_broker.start(broker, lib)
-    s3_pid = s3_server.start(plan.host, plan.s3_port, plan.state_dir / "logs")
-    state = StackState(
-        kafka=ServiceState(kafka_pid, broker.bootstrap, str(broker.logs_dir / "broker.out")),
-        s3=ServiceState(s3_pid, f"http://{plan.host}:{plan.s3_port}",
-                        str(plan.state_dir / "logs" / "s3.out")),
-        bucket=plan.bucket,
-        started_at=time.time(),
-    )
-    state_path(plan.state_dir).write_bytes(msgspec.json.encode(state))
+    lib = kafka_broker.fetch_jars(on_progress)
+    node_plans = plan.node_plans()
+    kafka_broker.prepare(node_plans, lib, kafka_broker.cluster_id(plan.state_dir))
+    brokers = []
+    for node_plan in node_plans:
+        argv = kafka_broker.broker_command(node_plan, lib)
+        brokers.append(ServiceState(
+            name=f"kafka-{node_plan.node.node_id}", pid=kafka_broker.start(argv, node_plan.log_path),
+            address=node_plan.address, log=str(node_plan.log_path), argv=argv,
+            ports=[node_plan.node.kafka_port, node_plan.node.controller_port]))
+    state = StackState(brokers=brokers, s3=_start_s3(plan.host, plan.s3_port, plan.state_dir),
+                       bucket=plan.bucket, started_at=time.time())
+    write_state(plan.state_dir, state)
     try:
-        _wait_for_s3(state, plan.timeout_s)
-        _wait_for_kafka(state, plan.timeout_s)
-        _ensure_bucket(state)
+        _wait_until_ready(state, plan.timeout_s, on_progress)
     except BaseException:
         down(plan.state_dir)
         raise
-    return state, True
+    return state, [service.name for service in state.services()]
+
+
+def _start_s3(host: str, port: int, state_dir: Path) -> ServiceState:
+    argv = s3_server.command(host, port)
+    log_path = state_dir / "logs" / "s3.out"
+    return ServiceState(name="s3", pid=processes.spawn(argv, log_path),
+                        address=f"http://{host}:{port}", log=str(log_path), argv=argv, ports=[port])
+
+
+def _repair(plan: StackPlan, state: StackState) -> tuple[StackState, list[str]]:
+    """Restart what is down, the same command on the same data."""
+    if len(state.brokers) != plan.brokers:
+        raise StackError(
+            f"a {len(state.brokers)}-broker stack is set up in {plan.state_dir}; "
+            f"stop it (`tokenmill dev down --state-dir {plan.state_dir}`) to change --brokers")
+    restarted = []
+    brokers = []
+    for broker in state.brokers:
+        if not is_running(broker):
+            _require_ports(broker, plan.state_dir)
+            broker = msgspec.structs.replace(
+                broker, pid=kafka_broker.start(broker.argv, Path(broker.log)))
+            restarted.append(broker.name)
+        brokers.append(broker)
+    s3 = state.s3
+    if not is_running(s3):
+        # Its objects went with it (moto keeps them in memory).
+        _require_ports(s3, plan.state_dir)
+        s3 = msgspec.structs.replace(s3, pid=processes.spawn(s3.argv, Path(s3.log)))
+        restarted.append(s3.name)
+        log.warning("the S3 server had stopped; started a new, empty one", address=s3.address)
+    state = msgspec.structs.replace(state, brokers=brokers, s3=s3)
+    if restarted:
+        write_state(plan.state_dir, state)
+    try:
+        _wait_for_s3(s3, plan.timeout_s)
+    except StackError as exc:
+        if s3.name in restarted:
+            raise
+        raise StackError(f"{exc}; it was left running (a new one would have none of its "
+                         f"objects): `tokenmill dev down` stops the stack") from None
+    wait_for_brokers(brokers, plan.timeout_s)
+    _ensure_bucket(state)
+    return state, restarted
+
+
+def _require_ports(service: ServiceState, state_dir: Path) -> None:
+    host = service.address.removeprefix("http://").rpartition(":")[0]
+    for port in service.ports:
+        if not processes.port_free(host, port):
+            raise processes.PortInUse(
+                f"{service.name} is down and its port {port} on {host} is taken by another "
+                f"process; free it, or `tokenmill dev down --state-dir {state_dir}` and start "
+                f"the stack again on other ports")
+
+
+def _wait_until_ready(state: StackState, timeout_s: float, on_progress: Progress | None) -> None:
+    if on_progress:
+        on_progress(f"waiting for {len(state.brokers)} Kafka broker(s) and the S3 server")
+    _wait_for_s3(state.s3, timeout_s)
+    wait_for_brokers(state.brokers, timeout_s)
+    _ensure_bucket(state)
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -133,35 +260,62 @@ def _tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
-def _wait_for_kafka(state: StackState, timeout_s: float) -> None:
-    settings = Settings(bootstrap_servers=state.kafka.address, connect_timeout_s=2.0)
+def registered_brokers(bootstrap: str, timeout_s: float = 2.0) -> set[int]:
+    """Node ids of the brokers the cluster reports as up (empty: no answer)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _SILENT,
+                              "socket.connection.setup.timeout.ms": int(timeout_s * 1000)}
+    client = AdminClient(config)
+    try:
+        return set(client.list_topics(timeout=timeout_s).brokers)
+    except KafkaException:
+        return set()
+
+
+class _Silent:
+    """librdkafka's connection errors while a broker starts are expected."""
+
+    def log(self, *args: Any) -> None:
+        pass
+
+
+_SILENT = _Silent()
+
+
+def wait_for_brokers(brokers: list[ServiceState], timeout_s: float,
+                     bootstrap: str | None = None) -> None:
+    """Until each of `brokers` runs, listens, and the cluster (reached through
+    `bootstrap`, default: these brokers) reports it up."""
     deadline = time.monotonic() + timeout_s
+    wanted = {int(broker.name.rpartition("-")[2]) for broker in brokers}
+    bootstrap = bootstrap or ",".join(broker.address for broker in brokers)
     while time.monotonic() < deadline:
-        if not processes.alive(state.kafka.pid):
-            raise StackError(f"the Kafka broker exited during start-up; last log lines:\n"
-                             f"{_tail(state.kafka.log)}")
-        if processes.port_open(*_host_port(state.kafka.address)):
-            try:
-                kafka_clients.check_broker(settings, timeout_s=2.0)
-                return
-            except kafka_clients.BrokerUnreachable:
-                pass
+        for broker in brokers:
+            if not processes.alive(broker.pid):
+                raise StackError(f"Kafka broker {broker.name} exited during start-up; "
+                                 f"last log lines:\n{_tail(broker.log)}")
+        listening = all(processes.port_open(*_host_port(b.address)) for b in brokers)
+        if listening and wanted <= registered_brokers(bootstrap):
+            return
         time.sleep(0.5)
-    raise StackError(f"Kafka did not answer at {state.kafka.address} within {timeout_s:.0f}s; "
-                     f"log: {state.kafka.log}\n{_tail(state.kafka.log)}")
+    raise StackError(f"Kafka did not answer at {bootstrap} within {timeout_s:.0f}s; "
+                     f"logs: {', '.join(b.log for b in brokers)}")
 
 
-def _wait_for_s3(state: StackState, timeout_s: float) -> None:
+def _wait_for_s3(s3: ServiceState, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not processes.alive(state.s3.pid):
-            raise StackError(f"the S3 server exited during start-up:\n{_tail(state.s3.log)}")
+        if not processes.alive(s3.pid):
+            raise StackError(f"the S3 server exited during start-up:\n{_tail(s3.log)}")
         try:
-            with urllib.request.urlopen(state.s3.address + "/", timeout=1.0):
+            with urllib.request.urlopen(s3.address + "/", timeout=1.0):
                 return
         except OSError:
             time.sleep(0.2)
-    raise StackError(f"the S3 server did not answer at {state.s3.address} within {timeout_s:.0f}s")
+    raise StackError(f"the S3 server (pid {s3.pid}) did not answer at {s3.address} within "
+                     f"{timeout_s:.0f}s; see {s3.log}")
 
 
 def _ensure_bucket(state: StackState) -> None:
@@ -185,10 +339,8 @@ def down(state_dir: Path) -> list[str]:
     state = read_state(state_dir)
     if state is None:
         return []
-    stopped = []
-    for name, service in (("s3", state.s3), ("kafka", state.kafka)):
-        if processes.alive(service.pid):
-            processes.stop(service.pid)
-            stopped.append(name)
+    running_services = [service for service in state.services() if is_running(service)]
+    processes.stop_all([service.pid for service in running_services])
     state_path(state_dir).unlink(missing_ok=True)
+    stopped = [service.name for service in running_services]
     return stopped

@@ -1,0 +1,169 @@
+"""`tokenmill deploy systemd|compose --out DIR` writes the shipped files,
+filled in from flags and settings, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ops import deploy
+from tokenmill import deploy_files
+from tokenmill.settings import Settings
+
+
+def tokenmill(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_")}
+    return subprocess.run([sys.executable, "-m", "tokenmill.cli", *args], capture_output=True,
+                          text=True, timeout=120, env={**clean, **(env or {})})
+
+
+def _properties(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
+
+
+def test_systemd_files_for_gpu_hosts_and_a_three_node_kafka(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = tokenmill(
+        "deploy", "systemd", "--out", str(out), "--run", "qwen-r1", "--gpus", "12",
+        "--kafka-hosts", "kafka-1,kafka-2,kafka-3",
+        "--bootstrap-servers", "kafka-1:9092,kafka-2:9092,kafka-3:9092",
+        "--s3-bucket", "my-data", "--s3-prefix", "drafter/", "--install-dir", "/opt/tm",
+        "--user", "svc", "--model", "Qwen/Qwen3-32B",
+        env={"TOKENMILL_SASL_PASSWORD": "hunter2-secret"})
+    assert result.returncode == 0, result.stderr
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written == sorted(
+        ["systemd/sglang@.service", "systemd/tokenmill-consume@.service",
+         "systemd/tokenmill-sink.service", "systemd/tokenmill-gpus.target",
+         "systemd/tokenmill-kafka.service", "etc/tokenmill.env", "etc/sglang.env",
+         "kafka/pom.xml", "kafka/log4j2.properties"]
+        + [f"etc/gpu-{i}.env" for i in range(12)]
+        + [f"kafka/kafka-{i}/server.properties" for i in (1, 2, 3)])
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert deploy_files.placeholders(path.read_text()) == set(), path
+
+    env_file = out / "etc/tokenmill.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    env_lines = [line for line in env_file.read_text().splitlines() if not line.startswith("#")]
+    assert env_lines == ["TOKENMILL_RUN=qwen-r1",
+                         "TOKENMILL_BOOTSTRAP_SERVERS=kafka-1:9092,kafka-2:9092,kafka-3:9092",
+                         "TOKENMILL_S3_BUCKET=my-data", "TOKENMILL_S3_PREFIX=drafter/",
+                         "TOKENMILL_LOG_FORMAT=json"]
+    assert "hunter2" not in "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+
+    # GPU 11 gets its own ports (a unit's %i cannot do arithmetic: 3000%i would be 300011).
+    assert (out / "etc/gpu-11.env").read_text().splitlines()[1:] == [
+        "CUDA_VISIBLE_DEVICES=11", "SGLANG_PORT=30011", "METRICS_PORT=9111"]
+    target = (out / "systemd/tokenmill-gpus.target").read_text()
+    wants = next(line for line in target.splitlines() if line.startswith("Wants="))
+    assert wants.split("=", 1)[1].split() == [
+        unit for i in range(12) for unit in (f"sglang@{i}.service", f"tokenmill-consume@{i}.service")]
+    consume = (out / "systemd/tokenmill-consume@.service").read_text()
+    assert "ExecStart=/opt/tm/bin/tokenmill consume --run ${TOKENMILL_RUN}" in consume
+    assert "User=svc" in consume and "EnvironmentFile=/etc/tokenmill/gpu-%i.env" in consume
+    assert "MODEL_PATH=Qwen/Qwen3-32B" in (out / "etc/sglang.env").read_text()
+
+    configs = {i: _properties(out / f"kafka/kafka-{i}/server.properties") for i in (1, 2, 3)}
+    assert {c["node.id"] for c in configs.values()} == {"1", "2", "3"}
+    assert {c["controller.quorum.voters"] for c in configs.values()} == {
+        "1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    assert all(c["default.replication.factor"] == "3" and c["min.insync.replicas"] == "2"
+               for c in configs.values())
+    # The one cluster id every node is formatted with is in the unit's instructions.
+    unit = (out / "systemd/tokenmill-kafka.service").read_text()
+    cluster_id = unit.split("--cluster-id=")[1].split()[0]
+    assert all(f"--cluster-id={cluster_id}" in (out / f"kafka/kafka-{i}/server.properties")
+               .read_text() for i in (1, 2, 3))
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = tokenmill("deploy", "systemd", "--out", str(out), "--run", "r", "--gpus", "2",
+                       "--s3-bucket", "b", "--user", "root", "--kafka-hosts", "k1",
+                       "--install-dir", sys.prefix)
+    assert result.returncode == 0, result.stderr
+    units = out / "systemd"
+    shutil.copy(units / "sglang@.service", units / "sglang@0.service")
+    shutil.copy(units / "tokenmill-consume@.service", units / "tokenmill-consume@0.service")
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *(str(units / name) for name in (
+            "sglang@0.service", "tokenmill-consume@0.service", "tokenmill-sink.service",
+            "tokenmill-kafka.service"))],
+        capture_output=True, text=True, timeout=60)
+    problems = [line for line in verify.stderr.splitlines()
+                if "tokenmill" in line or "sglang" in line]
+    assert verify.returncode == 0 and not problems, verify.stderr
+
+
+def test_systemd_needs_a_bucket_and_a_run(tmp_path: Path) -> None:
+    result = tokenmill("deploy", "systemd", "--out", str(tmp_path), "--run", "r")
+    assert result.returncode != 0 and "--s3-bucket" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert tokenmill("deploy", "systemd", "--out", str(tmp_path), "--s3-bucket", "b").returncode != 0
+
+
+def test_compose_with_three_simulated_gpus_and_a_local_wheel(tmp_path: Path) -> None:
+    wheel = tmp_path / "tokenmill-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"not really a wheel")
+    out = tmp_path / "stack"
+    result = tokenmill("deploy", "compose", "--out", str(out), "--gpus", "3", "--run", "r7",
+                       "--wheel", str(wheel))
+    assert result.returncode == 0, result.stderr
+    assert (out / wheel.name).read_bytes() == b"not really a wheel"
+    dockerfile = (out / "Dockerfile").read_text()
+    assert f"pip install --no-cache-dir /opt/tokenmill/context/{wheel.name}" in dockerfile
+    doc = yaml.safe_load((out / "compose.yaml").read_text())
+    services = doc["services"]
+    assert set(services) == {"kafka", "minio", "tokenmill", "sink"} | {
+        f"{kind}-gpu{i}" for kind in ("sim", "consume") for i in range(3)}
+    for i in range(3):
+        command = services[f"consume-gpu{i}"]["command"]
+        assert f"--sglang-url http://sim-gpu{i}:30000" in command and "--run r7" in command
+        assert services[f"consume-gpu{i}"]["environment"]["TOKENMILL_BOOTSTRAP_SERVERS"] == \
+            "kafka:9092"
+    assert "--run r7" in services["sink"]["command"]
+    kafka_env = services["kafka"]["environment"]
+    # The broker gets the same settings as the dev stack's server.properties.
+    assert kafka_env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093"
+    assert kafka_env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
+    assert kafka_env["KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS"] == "3000"
+    assert kafka_env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+    assert kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+
+
+def test_compose_installs_the_released_package_by_default(tmp_path: Path) -> None:
+    result = tokenmill("deploy", "compose", "--out", str(tmp_path / "s"))
+    assert result.returncode == 0, result.stderr
+    assert f"pip install --no-cache-dir tokenmill=={deploy.package_version()}" in \
+        (tmp_path / "s" / "Dockerfile").read_text()
+
+
+def test_kafka_image_variables_follow_the_image_naming() -> None:
+    env = deploy.kafka_image_environment("# c\nnode.id=1\nlog.dirs=/x\nsome_key.name=v\n\n")
+    assert env == {"KAFKA_NODE_ID": "1", "KAFKA_LOG_DIRS": "/x", "KAFKA_SOME__KEY_NAME": "v"}
+
+
+def test_env_file_carries_non_default_settings_and_never_a_secret() -> None:
+    from tokenmill.settings import Secret
+
+    settings = Settings(bootstrap_servers="k:9092", s3_bucket="b", security_protocol="SASL_SSL",
+                        sasl_mechanism="SCRAM-SHA-512", sasl_username="u",
+                        sasl_password=Secret("pw-123"), s3_endpoint_url="https://minio:9000")
+    text = deploy.env_file_settings(settings, "r")
+    assert "pw-123" not in text
+    assert text.splitlines() == [
+        "TOKENMILL_RUN=r", "TOKENMILL_BOOTSTRAP_SERVERS=k:9092",
+        "TOKENMILL_SECURITY_PROTOCOL=SASL_SSL", "TOKENMILL_SASL_MECHANISM=SCRAM-SHA-512",
+        "TOKENMILL_SASL_USERNAME=u", "TOKENMILL_S3_ENDPOINT_URL=https://minio:9000",
+        "TOKENMILL_S3_BUCKET=b", "TOKENMILL_LOG_FORMAT=json",
+        "# TOKENMILL_SASL_PASSWORD=   (the secret: write it here by hand)"]
