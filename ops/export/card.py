@@ -35,7 +35,7 @@ def render(manifest: Manifest) -> str:
     overall = RunStats()
     for stats in totals.values():
         overall.merge(stats)
-    models = sorted({part.generation.model for part in plan.parts})
+    models = sorted(overall.models) or sorted({part.generation.model for part in plan.parts})
     lines = [
         f"# {plan.root}: {plan.records:,} samples",
         "",
@@ -48,8 +48,9 @@ def render(manifest: Manifest) -> str:
         "",
         "## Parts",
         "",
-        "| run | origin | model | max_tokens | thinking | temperature | top_p | top_k | seed "
-        "| settings | samples | accept length | completion tokens | reasoning tokens |",
+        "| run | origin | model (requested / served) | max_tokens | thinking | temperature "
+        "| top_p | top_k | seed | settings | samples | accept length | completion tokens "
+        "| reasoning tokens |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for part in plan.parts:
@@ -58,8 +59,9 @@ def render(manifest: Manifest) -> str:
         origin = part.kind if part.parent is None else (
             f"{part.kind} of {part.parent}" + (f" ({','.join(part.reasons)})"
                                                if part.reasons else ""))
+        served = ", ".join(stats.models) or "-"
         lines.append(
-            f"| {part.run} | {origin} | {g.model} | {g.max_tokens} | "
+            f"| {part.run} | {origin} | {g.model} / {served} | {g.max_tokens} | "
             f"{'on' if g.enable_thinking else 'off'} | {g.temperature} | {g.top_p} | {g.top_k} "
             f"| {g.seed if g.seed is not None else '-'} | {part.settings_hash} "
             f"| {stats.records:,} | {_accept(stats)} | {stats.completion_tokens:,} "

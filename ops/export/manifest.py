@@ -57,10 +57,12 @@ class RunStats(msgspec.Struct, forbid_unknown_fields=True):
     reasoning_tokens: int = 0
     spec_tokens: int = 0  # completion tokens of samples that report an accept length
     accept_weighted: float = 0.0  # sum of accept length x completion tokens
+    models: dict[str, int] = {}  # samples by the model name the server reported
 
     def add(self, sample: TrainingSample) -> None:
         usage = sample.usage
         self.records += 1
+        self.models[sample.model] = self.models.get(sample.model, 0) + 1
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
         self.reasoning_tokens += usage.reasoning_tokens
@@ -70,7 +72,13 @@ class RunStats(msgspec.Struct, forbid_unknown_fields=True):
 
     def merge(self, other: RunStats) -> None:
         for name in self.__struct_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+            if name == "models":
+                merged = dict(self.models)
+                for model, n in other.models.items():
+                    merged[model] = merged.get(model, 0) + n
+                self.models = dict(sorted(merged.items()))
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
     def accept_length(self) -> float | None:
