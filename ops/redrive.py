@@ -119,10 +119,13 @@ def spool_dead_letters(letters: Any, reasons: tuple[str, ...], run_id: str,
         if letter.reason not in wanted:
             continue
         prompt = letter.record.prompt
-        if len(prompt.id) != ID_BYTES:
+        try:
+            key = int(prompt.id, 16) if len(prompt.id) == ID_BYTES else -1
+        except ValueError:
+            key = -1
+        if key < 0:
             raise ProducerError(f"dead letter for prompt {prompt.id!r}: not a tokenmill prompt "
                                 f"id ({ID_BYTES} hex characters); cannot redrive it")
-        key = int(prompt.id[:16], 16)
         if key in seen:
             out.duplicates += 1
             continue

@@ -25,6 +25,12 @@ READ_TIMEOUT_S = 600.0  # one partition; generous: a DLQ partition can hold giga
 # librdkafka may not step the position over. Stop there instead of waiting.
 IDLE_END_S = 2.0
 BATCH = 1000
+# A batch returns at BATCH records or after this wait: the last, short batch
+# of every partition waits it out, so keep it short.
+BATCH_WAIT_S = 0.05
+# Readers that stop at the end: a fetch that finds nothing new must not sit
+# at the broker for the default 500 ms each time a partition is switched.
+READER_CONFIG = {"fetch.wait.max.ms": 10}
 
 
 def partition_count(settings: Settings, topic: str) -> int:
@@ -37,13 +43,26 @@ def partition_count(settings: Settings, topic: str) -> int:
 
 def last_stable_offsets(admin: AdminClient, topic: str, partitions: list[int],
                         timeout_s: float) -> dict[int, int]:
-    """The read_committed end of each partition, in one request. A just-created
-    topic may not have its leaders yet: retry briefly."""
+    """The read_committed end of each partition, in one request."""
+    return _offsets(admin, topic, partitions, OffsetSpec.latest(), timeout_s)
+
+
+def start_offsets(admin: AdminClient, topic: str, partitions: list[int],
+                  timeout_s: float) -> dict[int, int]:
+    """Where each partition starts. Assigning this offset rather than
+    OFFSET_BEGINNING spares librdkafka's offset reset, half a second a read."""
+    return _offsets(admin, topic, partitions, OffsetSpec.earliest(), timeout_s)
+
+
+def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: OffsetSpec,
+             timeout_s: float) -> dict[int, int]:
+    """One request for every partition. A just-created topic may not have its
+    leaders yet: retry briefly."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             futures = admin.list_offsets(
-                {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                {TopicPartition(topic, p): spec for p in partitions},
                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
             return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
         except KafkaException:
@@ -53,12 +72,13 @@ def last_stable_offsets(admin: AdminClient, topic: str, partitions: list[int],
 
 
 def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
-                   timeout_s: float = READ_TIMEOUT_S) -> Iterator[Message]:
-    """Committed records of one partition below `end`, in offset order."""
-    if end <= 0:
+                   timeout_s: float = READ_TIMEOUT_S, start: int = -2) -> Iterator[Message]:
+    """Committed records of one partition from `start` (default: its
+    beginning) to below `end`, in offset order."""
+    if end <= 0 or end <= start:
         return
     tp = TopicPartition(topic, partition)
-    consumer.assign([TopicPartition(topic, partition, -2)])  # OFFSET_BEGINNING
+    consumer.assign([TopicPartition(topic, partition, start)])
     try:
         deadline = time.monotonic() + timeout_s
         last_data = time.monotonic()
@@ -70,7 +90,7 @@ def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
             idle = now - last_data
             if idle > IDLE_END_S and (_position(consumer, tp) >= 0 or idle > 3 * IDLE_END_S):
                 return
-            messages = consumer.consume(num_messages=BATCH, timeout=0.2)
+            messages = consumer.consume(num_messages=BATCH, timeout=BATCH_WAIT_S)
             if messages:
                 last_data = time.monotonic()
             for message in messages:
@@ -86,12 +106,15 @@ def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
 def read_topic(settings: Settings, topic: str) -> Iterator[Message]:
     """Every committed record of the topic, partition 0 first, each in offset order."""
     count = partition_count(settings, topic)
-    ends = last_stable_offsets(kafka_clients.admin(settings), topic, list(range(count)),
-                               settings.connect_timeout_s)
-    consumer = kafka_clients.consumer(settings, f"{topic}.reader")
+    admin = kafka_clients.admin(settings)
+    partitions = list(range(count))
+    ends = last_stable_offsets(admin, topic, partitions, settings.connect_timeout_s)
+    starts = start_offsets(admin, topic, partitions, settings.connect_timeout_s)
+    consumer = kafka_clients.consumer(settings, f"{topic}.reader", READER_CONFIG)
     try:
-        for partition in range(count):
-            yield from read_partition(consumer, topic, partition, ends[partition])
+        for partition in partitions:
+            yield from read_partition(consumer, topic, partition, ends[partition],
+                                      start=starts[partition])
     finally:
         consumer.close()
 

@@ -25,13 +25,17 @@ def read_to_end(
     settings: Settings, topic: str, keep: Callable[[str], bool] | None = None
 ) -> dict[str, bytes]:
     tp = TopicPartition(topic, 0)
-    end = last_stable_offset(kafka_clients.admin(settings), tp, settings.connect_timeout_s)
+    admin = kafka_clients.admin(settings)
+    end = last_stable_offset(admin, tp, settings.connect_timeout_s)
     values: dict[str, bytes] = {}
     if end <= 0:
         return values
-    consumer = kafka_clients.consumer(settings, "tokenmill.compacted-reader")
+    start = committed.start_offsets(admin, topic, [0], settings.connect_timeout_s)[0]
+    consumer = kafka_clients.consumer(settings, "tokenmill.compacted-reader",
+                                      committed.READER_CONFIG)
     try:
-        for message in committed.read_partition(consumer, topic, 0, end, READ_TIMEOUT_S):
+        for message in committed.read_partition(consumer, topic, 0, end, READ_TIMEOUT_S,
+                                                start=start):
             key = (message.key() or b"").decode()
             if keep is not None and not keep(key):
                 continue

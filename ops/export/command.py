@@ -40,6 +40,7 @@ from ops.export.destination import Destination, open_destination
 from ops.export.manifest import Manifest, Part, Plan, Shard
 from ops.export.shards import ShardWriter, open_shard
 from sink.s3_writer import make_client
+from sink.service import tune_gc
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.log import get_logger
 from tokenmill.progress_bars import progress_bars
@@ -76,12 +77,10 @@ def plan_export(found: Lineage, summary: DatasetSummary, fmt: str, shard_records
 
 
 def sample_id(line: bytes) -> str:
-    """The prompt id of an S3 line without decoding it (the sink writes `id`
-    first); anything else is decoded."""
-    if line.startswith(b'{"id":"'):
-        end = line.find(b'"', 7)
-        if end > 7 and b"\\" not in line[7:end]:
-            return line[7:end].decode()
+    """The prompt id of an S3 line without decoding it: the sink writes `id`
+    first, and a tokenmill id is 32 hex characters; anything else is decoded."""
+    if line[39:40] == b'"' and line.startswith(b'{"id":"'):
+        return line[7:39].decode()
     return formats.decode(line).id
 
 
@@ -171,6 +170,7 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
     skip = current.records_done
     seq = 0  # position in the dataset's order
     emitted: Counter[str] = Counter()
+    read_from: list[str] = []
     writer: ShardWriter | None = None
     written = 0
     started = time.monotonic()
@@ -179,6 +179,7 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
         for j, spec in enumerate(found.specs):
             bucket, prefix = s3_location(settings, spec)
             keys = source.object_keys(client, bucket, prefix, spec.run_id)
+            read_from.append(f"s3://{bucket}/{prefix} ({len(keys):,} objects)")
             for line in source.lines(client, bucket, keys):
                 if index.winner(sample_id(line), clean) != j:
                     continue
@@ -204,8 +205,9 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
     if dict(emitted) != {run: n for run, n in expected.items() if n}:
         raise ExportFailed(
             f"S3 holds other accepted results than the lineage's dead letters imply "
-            f"(found by run {dict(emitted)}, expected {expected}); no manifest written. "
-            "Were objects deleted, or written by something else than the sink?")
+            f"(found by run {dict(emitted)}, expected {expected}, read from "
+            f"{', '.join(read_from)}); no manifest written. Is --s3-bucket/--s3-prefix (or "
+            "TOKENMILL_S3_*) where the sinks wrote? Were objects deleted?")
     log.info("exported", records=seq - skip, shards=written,
              seconds=round(time.monotonic() - started, 2))
     return written
@@ -250,6 +252,7 @@ def export(settings: Settings, run_id: str, fmt: str, out: str, shard_records: i
       tokenmill export r1-16k --format specforge --out data/r1/
       tokenmill export r1 --format parquet --out s3://my-data/exports/r1/
     """
+    tune_gc()
     try:
         outcome = run_export(settings, run_id, fmt, out, shard_records=shard_records,
                              show_progress=show_progress)

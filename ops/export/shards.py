@@ -50,17 +50,24 @@ class JsonlShard(ShardWriter):
     def __init__(self, path: Path, fmt: str) -> None:
         super().__init__(path)
         self._render = formats.LINE_FORMATS[fmt]
-        self._file: IO[bytes] = path.open("wb", buffering=WRITE_BUFFER)
+        self._file: IO[bytes] = path.open("wb", buffering=0)
         self._hash = hashlib.sha256()
         self._bytes = 0
+        self._buffer = bytearray()
 
     def _write(self, sample: TrainingSample, line: bytes) -> None:
-        data = self._render(sample)
-        self._file.write(data)
-        self._hash.update(data)
-        self._bytes += len(data)
+        self._buffer += self._render(sample)
+        if len(self._buffer) >= WRITE_BUFFER:
+            self._drain()
+
+    def _drain(self) -> None:
+        self._file.write(self._buffer)
+        self._hash.update(self._buffer)
+        self._bytes += len(self._buffer)
+        self._buffer.clear()
 
     def finish(self) -> tuple[int, str]:
+        self._drain()
         self._file.close()
         return self._bytes, self._hash.hexdigest()
 
@@ -72,28 +79,26 @@ class ParquetShard(ShardWriter):
         super().__init__(path)
         self._schema = formats.parquet_schema()
         self._writer = pq.ParquetWriter(str(path), self._schema, compression="zstd")
-        self._columns: list[list[Any]] = [[] for _ in formats.PARQUET_COLUMNS]
-        self._pending = 0
+        self._rows: list[tuple[Any, ...]] = []
         self._pending_bytes = 0
 
     def _write(self, sample: TrainingSample, line: bytes) -> None:
-        for column, value in zip(self._columns, formats.parquet_row(sample)):
-            column.append(value)
-        self._pending += 1
+        self._rows.append(formats.parquet_row(sample))
         self._pending_bytes += len(line)
-        if self._pending >= ROW_GROUP_ROWS or self._pending_bytes >= ROW_GROUP_BYTES:
+        if len(self._rows) >= ROW_GROUP_ROWS or self._pending_bytes >= ROW_GROUP_BYTES:
             self._flush()
 
     def _flush(self) -> None:
         import pyarrow as pa
 
-        if not self._pending:
+        if not self._rows:
             return
-        arrays = [pa.array(values, type=self._schema.field(name).type)
-                  for name, values in zip(formats.PARQUET_COLUMNS, self._columns)]
+        columns = zip(*self._rows)  # rows -> columns, in C
+        arrays = [pa.array(values, type=field.type)
+                  for field, values in zip(self._schema, columns)]
         self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._schema))
-        self._columns = [[] for _ in formats.PARQUET_COLUMNS]
-        self._pending = self._pending_bytes = 0
+        self._rows = []
+        self._pending_bytes = 0
 
     def finish(self) -> tuple[int, str]:
         self._flush()
