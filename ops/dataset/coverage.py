@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ops.dataset.lineage import AmbiguousLineage
+from ops.dataset.lineage import LineageError
 from ops.dataset.sources import Lineage, build_index, load_lineage
 from tokenmill.settings import Settings
 
@@ -28,7 +28,7 @@ def lineage_coverage(settings: Settings, run_id: str) -> dict[str, Any] | None:
     """None for a run without parent or children."""
     try:
         found = load_lineage(settings, run_id)
-    except AmbiguousLineage as exc:
+    except LineageError as exc:  # a branching lineage, a missing parent: say so, go on
         return {"error": str(exc)}
     if len(found.specs) == 1:
         return None

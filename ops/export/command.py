@@ -36,7 +36,7 @@ from ops.dataset.index import DatasetSummary, LineageIndex
 from ops.dataset.lineage import LineageError, kind_of
 from ops.dataset.sources import Lineage, build_index, load_lineage, s3_location
 from ops.export import card, formats, manifest, source
-from ops.export.destination import Destination, open_destination
+from ops.export.destination import BadDestination, Destination, open_destination
 from ops.export.manifest import Manifest, Part, Plan, Shard
 from ops.export.shards import ShardWriter, open_shard
 from sink.s3_writer import make_client
@@ -61,7 +61,7 @@ class ExportFailed(RuntimeError):
     """What S3 holds disagrees with the lineage's counts: no manifest is written."""
 
 
-register_known_error(ExportRefused, ExportFailed, LineageError)
+register_known_error(ExportRefused, ExportFailed, LineageError, BadDestination)
 
 
 def plan_export(found: Lineage, summary: DatasetSummary, fmt: str, shard_records: int) -> Plan:
@@ -132,16 +132,16 @@ def run_export(settings: Settings, run_id: str, fmt: str, out: str, *,
         except ImportError:
             raise ExportRefused("--format parquet needs pyarrow: pip install "
                                 "'tokenmill[parquet]'") from None
-    found = load_lineage(settings, run_id)
-    _refuse_incomplete(found)
-    index = build_index(settings, found)
-    summary = index.summary()
-    if summary.anomalies:
-        raise ExportRefused("the lineage's dead letters are inconsistent: " + "; ".join(
-            f"{m} ({n:,})" for m, n in summary.anomalies.items()))
-    plan = plan_export(found, summary, fmt, shard_records)
     dest = open_destination(out, settings)
     try:
+        found = load_lineage(settings, run_id)
+        _refuse_incomplete(found)
+        index = build_index(settings, found)
+        summary = index.summary()
+        if summary.anomalies:
+            raise ExportRefused("the lineage's dead letters are inconsistent: " + "; ".join(
+                f"{m} ({n:,})" for m, n in summary.anomalies.items()))
+        plan = plan_export(found, summary, fmt, shard_records)
         current = _resume_point(dest, plan)
         if current is None:
             return ExportOutcome(manifest.decode(dest.read(manifest.MANIFEST) or b""), 0,
@@ -253,13 +253,8 @@ def export(settings: Settings, run_id: str, fmt: str, out: str, shard_records: i
       tokenmill export r1 --format parquet --out s3://my-data/exports/r1/
     """
     tune_gc()
-    try:
-        outcome = run_export(settings, run_id, fmt, out, shard_records=shard_records,
-                             show_progress=show_progress)
-    except ValueError as exc:
-        if isinstance(exc, ExportRefused | LineageError):
-            raise
-        raise click.BadParameter(str(exc), param_hint="--out") from None
+    outcome = run_export(settings, run_id, fmt, out, shard_records=shard_records,
+                         show_progress=show_progress)
     plan = outcome.manifest.plan
     where = out.rstrip("/")
     if outcome.already_done:

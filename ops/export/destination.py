@@ -20,6 +20,10 @@ from sink.s3_writer import MISSING_CODES, make_client
 from tokenmill.settings import Settings
 
 
+class BadDestination(ValueError):
+    """`--out` is neither a directory nor s3://bucket/prefix."""
+
+
 class Destination(Protocol):
     where: str
 
@@ -121,7 +125,9 @@ def open_destination(out: str, settings: Settings) -> Destination:
     if out.startswith("s3://"):
         bucket, _, prefix = out[len("s3://"):].partition("/")
         if not bucket:
-            raise ValueError(f"--out {out!r}: expected s3://bucket/prefix")
+            raise BadDestination(f"--out {out!r}: expected s3://bucket/prefix")
         client = make_client(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
         return S3Prefix(client, bucket, prefix)
+    if Path(out).exists() and not Path(out).is_dir():
+        raise BadDestination(f"--out {out!r} is a file; give a directory or s3://bucket/prefix")
     return LocalDirectory(Path(out))

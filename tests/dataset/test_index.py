@@ -49,6 +49,17 @@ def simulate(n: int, plan: list[tuple[str, frozenset[str]]], seed: int,
     return facts, letters, outcomes
 
 
+def indexed(n: int, steps: list[tuple[str, frozenset[str]]], seed: int, last_incomplete: bool
+            ) -> tuple[LineageIndex, list[dict[str, str]]]:
+    """The model's lineage of a produced run and `steps`, fed to an index."""
+    facts, letters, outcomes = simulate(n, [("produce", frozenset())] + steps, seed,
+                                        last_incomplete)
+    index = LineageIndex(facts)
+    for dlq in letters:
+        index.add_run(dlq)
+    return index, outcomes
+
+
 def expected_winner(pid: str, outcomes: list[dict[str, str]]) -> int | None:
     won = [k for k, o in enumerate(outcomes) if o.get(pid) == "accepted"]
     return won[-1] if won else None
@@ -62,18 +73,14 @@ plan_st = st.lists(st.one_of(st.just(("replay", frozenset())),
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(0, 60), steps=plan_st, seed=st.integers(0, 10_000))
 def test_complete_lineage_matches_the_model(n, steps, seed) -> None:
-    plan = [("produce", frozenset())] + steps
-    facts, letters, outcomes = simulate(n, plan, seed, last_incomplete=False)
-    index = LineageIndex(facts)
-    for dlq in letters:
-        index.add_run(dlq)
+    index, outcomes = indexed(n, steps, seed, last_incomplete=False)
     summary = index.summary()
     clean = index.clean_winner()
     ids = [f"{i:032x}" for i in range(n)]
     winners = {pid: expected_winner(pid, outcomes) for pid in ids}
     assert {pid: index.winner(pid, clean) for pid in ids} == winners
     by_run = Counter(w for w in winners.values() if w is not None)
-    assert [t.winners for t in summary.runs] == [by_run[k] for k in range(len(plan))]
+    assert [t.winners for t in summary.runs] == [by_run[k] for k in range(len(outcomes))]
     assert summary.exact and summary.covered_low == sum(by_run.values())
     without: Counter[tuple[str, str]] = Counter()
     for pid in ids:
@@ -88,11 +95,7 @@ def test_complete_lineage_matches_the_model(n, steps, seed) -> None:
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(1, 60), steps=plan_st, seed=st.integers(0, 10_000))
 def test_an_unfinished_last_run_bounds_the_coverage(n, steps, seed) -> None:
-    plan = [("produce", frozenset())] + steps
-    facts, letters, outcomes = simulate(n, plan, seed, last_incomplete=True)
-    index = LineageIndex(facts)
-    for dlq in letters:
-        index.add_run(dlq)
+    index, outcomes = indexed(n, steps, seed, last_incomplete=True)
     summary = index.summary()
     truth = sum(expected_winner(f"{i:032x}", outcomes) is not None for i in range(n))
     assert summary.covered_low <= truth <= summary.covered_high
