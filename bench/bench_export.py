@@ -58,6 +58,7 @@ class Measured:
     seconds: float
     max_rss_mb: float
     returncode: int
+    cpu_seconds: float = 0.0
 
     def rps(self, records: int) -> float:
         return records / self.seconds
@@ -84,7 +85,7 @@ def measure(name: str, args: list[str], env: dict[str, str]) -> Measured:
                                 cwd=ROOT)
         peak = 0
         while True:
-            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             peak = max(peak, _peak_rss_kb(proc.pid) or 0)
@@ -94,7 +95,8 @@ def measure(name: str, args: list[str], env: dict[str, str]) -> Measured:
         if proc.returncode != 0:
             errors.seek(0)
             print(errors.read().decode()[-3000:], file=sys.stderr)
-    return Measured(name, seconds, peak / 1024, proc.returncode)
+    return Measured(name, seconds, peak / 1024, proc.returncode,
+                    usage.ru_utime + usage.ru_stime)
 
 
 # -- the baseline child ------------------------------------------------------------
@@ -280,7 +282,8 @@ def main() -> None:
             results.append((measured, sum(s["bytes"] for s in manifest["shards"])))
     table = Table(title=f"export of a {args.records:,}-record lineage (2 runs, "
                         f"{line_bytes:,.0f} B per S3 line, objects of {BATCH} lines)")
-    for column in ("what", "wall s", "records/s", "vs baseline", "peak RSS MB", "output MB",
+    for column in ("what", "wall s", "records/s", "vs baseline", "CPU s", "peak RSS MB",
+                   "output MB",
                    f"≥ {TARGET_RPS:,.0f}/s", f"< {TARGET_RSS_MB:.0f} MB"):
         table.add_column(column, justify="left" if column == "what" else "right")
     for measured, size in results:
@@ -289,14 +292,16 @@ def main() -> None:
         table.add_row(
             measured.name, f"{measured.seconds:.1f}", f"{measured.rps(args.records):,.0f}",
             "1.00" if is_base else f"{baseline.seconds / measured.seconds:.2f}",
-            f"{measured.max_rss_mb:,.0f}", f"{size / 1e6:,.0f}",
+            f"{measured.cpu_seconds:.1f}", f"{measured.max_rss_mb:,.0f}", f"{size / 1e6:,.0f}",
             "-" if is_base else ("yes" if ok and measured.rps(args.records) >= TARGET_RPS
                                  else "no"),
             "-" if is_base else ("yes" if ok and measured.max_rss_mb < TARGET_RSS_MB else "no"))
     console.print(table)
     console.print("[dim]wall s: launch to exit of the child process; records/s = records / "
-                  "wall s; vs baseline: baseline wall s / this wall s; peak RSS: the child's "
-                  "ru_maxrss.[/dim]")
+                  "wall s; vs baseline: baseline wall s / this wall s; CPU s: the child's user + "
+                  "system time (all threads); peak RSS: the child's VmHWM, sampled every 20 ms. "
+                  f"Machine: {os.cpu_count()} cores, load average at the end "
+                  f"{os.getloadavg()[0]:.1f} (the broker and S3 server share them).[/dim]")
 
 
 if __name__ == "__main__":

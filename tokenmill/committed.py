@@ -29,8 +29,9 @@ BATCH = 1000
 # of every partition waits it out, so keep it short.
 BATCH_WAIT_S = 0.05
 # Readers that stop at the end: a fetch that finds nothing new must not sit
-# at the broker for the default 500 ms each time a partition is switched.
-READER_CONFIG = {"fetch.wait.max.ms": 10}
+# at the broker for the default 500 ms each time a partition is switched; and
+# a reader that streams a DLQ holds 16 MB ahead, not librdkafka's 64 MB.
+READER_CONFIG = {"fetch.wait.max.ms": 10, "queued.max.messages.kbytes": 16 * 1024}
 
 
 def partition_count(settings: Settings, topic: str) -> int:

@@ -190,7 +190,7 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
                 if writer is None:
                     name = plan.shard_name(len(current.shards))
                     writer = open_shard(dest.staging(name), plan.format)
-                writer.add(formats.decode(line), line)
+                writer.add(formats.decode(line))
                 if writer.records == plan.shard_records:
                     _seal(writer, current, dest, exit_after)
                     writer = None

@@ -162,23 +162,43 @@ def parquet_schema() -> Any:
     ])
 
 
-PARQUET_COLUMNS = ("id", "run", "settings_hash", "model", "source", "category", "messages",
-                   "tools", "reasoning_content", "content", "tool_calls", "finish_reason",
-                   "prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens",
-                   "accept_length", "verify_ct")
+PARQUET_DICTIONARY = ("run", "settings_hash", "model", "source", "category", "finish_reason")
 
 
-def parquet_row(sample: TrainingSample) -> tuple[Any, ...]:
-    """The row's values in `PARQUET_COLUMNS` order."""
+class ParquetRow(msgspec.Struct, omit_defaults=True):
+    """A row as JSON, for pyarrow's JSON reader to build the row group in C++
+    against `parquet_schema()` (fields match by name; absent ones are null)."""
+
+    id: str
+    run: str
+    settings_hash: str
+    model: str
+    source: str
+    category: str
+    messages: tuple[Message, ...]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    tools: str | None = None
+    reasoning_content: str | None = None
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    accept_length: float | None = None
+    verify_ct: int | None = None
+
+
+def parquet_row(sample: TrainingSample) -> bytes:
+    """The sample's row as one JSON line."""
     turn = sample.completion
     usage = sample.usage
-    return (sample.id, sample.run, sample.settings_hash, sample.model, sample.source,
-            sample.category, msgspec.to_builtins(sample.messages),
-            tools_json(sample.tools) if sample.tools else None, turn.reasoning_content,
-            turn.content, msgspec.to_builtins(turn.tool_calls) if turn.tool_calls else None,
-            sample.finish_reason, usage.prompt_tokens, usage.completion_tokens,
-            usage.reasoning_tokens, usage.cached_tokens, sample.spec.accept_length,
-            sample.spec.verify_ct)
+    return _encoder.encode(ParquetRow(
+        sample.id, sample.run, sample.settings_hash, sample.model, sample.source,
+        sample.category, sample.messages, sample.finish_reason, usage.prompt_tokens,
+        usage.completion_tokens, usage.reasoning_tokens, usage.cached_tokens,
+        tools_json(sample.tools) if sample.tools else None, turn.reasoning_content,
+        turn.content, turn.tool_calls, sample.spec.accept_length, sample.spec.verify_ct)) + b"\n"
 
 
 LINE_FORMATS: dict[str, Callable[[TrainingSample], bytes]] = {

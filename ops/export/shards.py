@@ -2,7 +2,7 @@
 
 JSONL shards stream each line to the file as it comes. Parquet shards hold
 one row group at a time (`ROW_GROUP_ROWS` rows or `ROW_GROUP_BYTES` of
-input, whichever first) and hand it to pyarrow's ParquetWriter, so memory
+encoded rows, whichever first) and hand it to pyarrow's ParquetWriter, so memory
 stays bounded whatever the shard size.
 """
 
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ops.export import formats
 from ops.export.manifest import RunStats
 from schemas import TrainingSample
 
 ROW_GROUP_ROWS = 10_000
-ROW_GROUP_BYTES = 32 * 1024 * 1024
+ROW_GROUP_BYTES = 16 * 1024 * 1024
 WRITE_BUFFER = 1024 * 1024
 
 
@@ -29,16 +29,15 @@ class ShardWriter:
         self.records = 0
         self.runs: dict[str, RunStats] = {}
 
-    def add(self, sample: TrainingSample, line: bytes) -> None:
-        """`line` is the sample's S3 line (its size bounds a row group)."""
+    def add(self, sample: TrainingSample) -> None:
         stats = self.runs.get(sample.run)
         if stats is None:
             stats = self.runs[sample.run] = RunStats()
         stats.add(sample)
         self.records += 1
-        self._write(sample, line)
+        self._write(sample)
 
-    def _write(self, sample: TrainingSample, line: bytes) -> None:
+    def _write(self, sample: TrainingSample) -> None:
         raise NotImplementedError
 
     def finish(self) -> tuple[int, str]:
@@ -55,7 +54,7 @@ class JsonlShard(ShardWriter):
         self._bytes = 0
         self._buffer = bytearray()
 
-    def _write(self, sample: TrainingSample, line: bytes) -> None:
+    def _write(self, sample: TrainingSample) -> None:
         self._buffer += self._render(sample)
         if len(self._buffer) >= WRITE_BUFFER:
             self._drain()
@@ -73,32 +72,49 @@ class JsonlShard(ShardWriter):
 
 
 class ParquetShard(ShardWriter):
+    """Rows are encoded as JSON lines (msgspec) into a buffer; each row group
+    is parsed by pyarrow's JSON reader against the fixed schema, in C++, and
+    written. The bytes depend only on the rows and the row group size."""
+
     def __init__(self, path: Path) -> None:
+        import pyarrow.json as pajson
         import pyarrow.parquet as pq
 
         super().__init__(path)
         self._schema = formats.parquet_schema()
-        self._writer = pq.ParquetWriter(str(path), self._schema, compression="zstd")
-        self._rows: list[tuple[Any, ...]] = []
-        self._pending_bytes = 0
+        self._parse = pajson.ParseOptions(explicit_schema=self._schema,
+                                          unexpected_field_behavior="error")
+        self._read = pajson.read_json
+        # Dictionary-encode only the columns with few distinct values: for the
+        # texts it costs memory and time, then falls back to plain anyway.
+        self._writer = pq.ParquetWriter(str(path), self._schema, compression="zstd",
+                                        use_dictionary=list(formats.PARQUET_DICTIONARY))
+        self._rows = bytearray()
+        self._pending = 0
 
-    def _write(self, sample: TrainingSample, line: bytes) -> None:
-        self._rows.append(formats.parquet_row(sample))
-        self._pending_bytes += len(line)
-        if len(self._rows) >= ROW_GROUP_ROWS or self._pending_bytes >= ROW_GROUP_BYTES:
+    def _write(self, sample: TrainingSample) -> None:
+        self._rows += formats.parquet_row(sample)
+        self._pending += 1
+        if self._pending >= ROW_GROUP_ROWS or len(self._rows) >= ROW_GROUP_BYTES:
             self._flush()
 
     def _flush(self) -> None:
         import pyarrow as pa
+        import pyarrow.json as pajson
 
-        if not self._rows:
+        if not self._pending:
             return
-        columns = zip(*self._rows)  # rows -> columns, in C
-        arrays = [pa.array(values, type=field.type)
-                  for field, values in zip(self._schema, columns)]
-        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self._schema))
-        self._rows = []
-        self._pending_bytes = 0
+        source = pa.BufferReader(pa.py_buffer(self._rows))  # no copy of the rows
+        table = self._read(source, parse_options=self._parse,
+                           read_options=pajson.ReadOptions(block_size=1 << 24,
+                                                           use_threads=False))
+        del source  # the buffer must be released before the rows are cleared
+        if not table.schema.equals(self._schema):  # the explicit schema gives it as is
+            table = table.select(self._schema.names).cast(self._schema)
+        self._writer.write_table(table, row_group_size=self._pending)
+        del table
+        self._rows.clear()
+        self._pending = 0
 
     def finish(self) -> tuple[int, str]:
         self._flush()
