@@ -10,16 +10,18 @@ counters mark both runs finished. The export holds N records: 90% from the
 root, 10% from the redrive, picked by the dead-letter index.
 
 Timed the same way for both (wall clock from launch to exit of a child
-process; peak RSS of that child from the kernel's rusage, `os.wait4`):
+process; its CPU time from `os.wait4`; its peak RSS from /proc VmHWM, sampled
+every 20 ms, since ru_maxrss would count the forked copy of this process):
 - `tokenmill export ROOT --format F --out DIR` for each format asked
   (it reads the registry, the counters and the DLQ, lists and reads every
   object, converts, shards, checksums, writes manifest and card);
 - baseline: a child that lists the same objects and reads them with plain
-  boto3 (4 threads, as the export reads 4 objects ahead) and writes their
+  boto3 (4 threads; the export reads up to 6 objects ahead) and writes their
   bytes to one local file: no parsing, no conversion.
 
-    python bench/bench_export.py [--records 1000000] [--formats openai,specforge,parquet]
-                                 [--reasoning-chars 700] [--content-chars 300]
+    python bench/bench_export.py [--records 1000000]
+        [--formats openai,sharegpt,specforge,parquet] [--reasoning-chars 700]
+        [--content-chars 300] [--shard-records 100000]
 """
 
 from __future__ import annotations
@@ -234,7 +236,7 @@ def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--formats", default="openai,specforge,parquet")
+    parser.add_argument("--formats", default="openai,sharegpt,specforge,parquet")
     parser.add_argument("--reasoning-chars", type=int, default=700)
     parser.add_argument("--content-chars", type=int, default=300)
     parser.add_argument("--shard-records", type=int, default=100_000)

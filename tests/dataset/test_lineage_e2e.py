@@ -208,9 +208,12 @@ def test_dataset_counts_match_what_the_runs_wrote(built: Built) -> None:
     assert {(w["run"], w["reason"]): w["prompts"] for w in report["without_result"]} == without
     assert [p["generation"]["max_tokens"] for p in report["parts"]] == [2048, 4096, 8192]
     assert report["anomalies"] == {}
-    # The same lineage, asked from its root.
+    # The same lineage, asked from its root; and as the table an operator reads.
     from_root = json.loads(built.run("dataset", built.run_ids[ROOT], "--json").stdout)
     assert from_root["parts"] == report["parts"]
+    shown = " ".join(built.run("dataset", built.run_ids[ROOT]).stdout.split())
+    assert f"{report['with_result']:,} of 300 prompts have an accepted result" in shown
+    assert "empty" in shown and "length" in shown
 
 
 def test_status_shows_the_lineage_coverage(built: Built) -> None:
