@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import RunSpec
+from schemas import Origin, RunSpec
 from schemas.progress import ProducerCheckpoint, producer_key
 from tokenmill import kafka_clients, progress, topics
 from tokenmill.registry import RunRegistry, source_prompts_topic
@@ -39,6 +39,7 @@ def replay_spec(parent: RunSpec, run_id: str, generation: dict[str, Any],
         "estimate": parent.estimate,
         "inputs": parent.inputs,
         "prompts_topic": source_prompts_topic(parent),
+        "origin": Origin(kind="replay"),
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return RunSpec(**fields)

@@ -20,6 +20,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
+from ops.dataset.coverage import coverage_line, lineage_coverage
 from schemas import RunSpec
 from tokenmill.commandline import service_command
 from tokenmill.progress import RunProgress, read_run_progress
@@ -213,10 +214,13 @@ def status(settings: Settings, run_id: str, as_json: bool, watch: float) -> None
     console = Console()
     while True:
         summary = summarize(spec, read_run_progress(settings, run_id))
+        summary["lineage"] = coverage = lineage_coverage(settings, run_id)
         if as_json:
             click.echo(msgspec.json.encode(summary).decode())
         else:
             console.print(render(spec, summary))
+            if coverage is not None:
+                console.print(coverage_line(coverage))
         if watch <= 0:
             return
         time.sleep(watch)

@@ -20,17 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
 
 from producer.errors import AlreadyRunning, NothingToPublish
 from producer.ingest import IngestOptions, IngestResult, bucket_label, ingest
@@ -43,6 +32,7 @@ from producer.summary import Summary, print_summary
 from schemas.run import RunSpec
 from tokenmill import topics
 from tokenmill.log import get_logger
+from tokenmill.progress_bars import progress_bars
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -107,7 +97,7 @@ def run_producer(settings: Settings, options: ProduceOptions, out: Console | Non
             if not options.dry_run:
                 started = time.monotonic()
                 publisher = Publisher(settings, run_id)
-                done = _prepare(registry, publisher, spec)
+                done = prepare(registry, publisher, spec)
                 log.info("producer fenced", run=run_id,
                          seconds=round(time.monotonic() - started, 2))
                 if done is not None:
@@ -151,7 +141,7 @@ def _with_inputs(spec: RunSpec, sources: list[Source]) -> RunSpec:
     return msgspec.structs.replace(spec, inputs=tuple(fingerprint(s) for s in sources))
 
 
-def _prepare(registry: RunRegistry, publisher: Publisher, spec: RunSpec) -> int | None:
+def prepare(registry: RunRegistry, publisher: Publisher, spec: RunSpec) -> int | None:
     """Refuse a conflicting spec, fence the run's earlier producer; the total
     if the run is already fully published, else None."""
     existing = registry.find(spec.run_id)
@@ -165,24 +155,6 @@ def _prepare(registry: RunRegistry, publisher: Publisher, spec: RunSpec) -> int 
     return None
 
 
-class _RateColumn(ProgressColumn):
-    """Records per second, whatever the bar counts (bytes in pass 1)."""
-
-    def render(self, task: Task) -> Text:
-        records = task.fields.get("records", task.completed)
-        elapsed = task.elapsed or 0.0
-        rate = records / elapsed if elapsed > 0 else 0.0
-        return Text(f"{records:>9,} {rate:>7,.0f}/s", style="progress.data.speed")
-
-
-def _progress(console: Console, enabled: bool | None) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description:<10}"), BarColumn(bar_width=24), TaskProgressColumn(),
-        _RateColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=console, disable=not (console.is_terminal if enabled is None else enabled),
-    )
-
-
 def _pass_one(sources: list[Source], spec: RunSpec, options: ProduceOptions, directory: Path,
               rejects: RejectsFile, err: Console) -> IngestResult:
     ingest_options = IngestOptions(run=spec.run_id, policy=spec.multi_turn,
@@ -191,7 +163,7 @@ def _pass_one(sources: list[Source], spec: RunSpec, options: ProduceOptions, dir
     total_bytes = sum(f.size for f in spec.inputs)
     started = time.monotonic()
     try:
-        with _progress(err, options.show_progress) as bars:
+        with progress_bars(err, options.show_progress) as bars:
             task = bars.add_task("reading", total=max(total_bytes, 1), records=0)
 
             def update(done: int, records: int) -> None:
@@ -236,7 +208,7 @@ def _pass_two(publisher: Publisher, spec: RunSpec, result: IngestResult, directo
         out.print(f"resuming run {spec.run_id}: {resume.next_seq:,} of {plan.total:,} prompts "
                   "already committed")
     started = time.monotonic()
-    with _progress(err, options.show_progress) as bars:
+    with progress_bars(err, options.show_progress) as bars:
         first = resume.next_seq
         task = bars.add_task("publishing", total=plan.total, completed=first, records=0)
 

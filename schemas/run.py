@@ -16,6 +16,7 @@ import msgspec
 
 MultiTurnPolicy = Literal["last-user", "strip-assistant", "per-user-turn"]
 ToolMode = Literal["structured", "as-given"]
+RunKind = Literal["produce", "replay", "redrive"]
 
 # Every reason a completion can be sent to the dead-letter topic.
 DLQ_REASONS: frozenset[str] = frozenset(
@@ -75,6 +76,25 @@ class InputFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sha256: str
 
 
+class Origin(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Why a run exists: `produce` (prompt files), `replay` (its parent's
+    prompts again, other settings) or `redrive` (its parent's dead letters
+    with these reasons). `tokenmill dataset` follows replays and redrives from
+    a produced run to merge a lineage's accepted results."""
+
+    kind: RunKind = "produce"
+    reasons: tuple[str, ...] = ()  # redrive: the DLQ reasons whose prompts it regenerates
+
+    def __post_init__(self) -> None:
+        unknown = set(self.reasons) - DLQ_REASONS
+        if unknown:
+            raise ValueError(
+                f"unknown DLQ reason(s) {sorted(unknown)}; known: {sorted(DLQ_REASONS)}")
+        if (self.kind == "redrive") != bool(self.reasons):
+            raise ValueError("a redrive names the DLQ reasons it regenerates; only a redrive does")
+        msgspec.structs.force_setattr(self, "reasons", tuple(sorted(set(self.reasons))))
+
+
 class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     run_id: str
     partitions: int
@@ -88,6 +108,7 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Source prompts topic; None means this run's own `tokenmill.<run>.prompts`.
     # A replay run points it at its parent's prompts topic.
     prompts_topic: str | None = None
+    origin: Origin = Origin()
     v: int = 1
 
     def __post_init__(self) -> None:
@@ -98,6 +119,8 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             )
         if self.partitions < 1:
             raise ValueError(f"run {self.run_id}: partitions must be >= 1, got {self.partitions}")
+        if self.origin.kind != "produce" and not self.parent_run:
+            raise ValueError(f"run {self.run_id}: a {self.origin.kind} needs a parent run")
 
     @property
     def settings_hash(self) -> str:

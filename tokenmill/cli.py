@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "sink": "sink.command:sink",
     "status": "ops.status:status",
     "spot-check": "ops.spot_check:spot_check",
+    "dataset": "ops.dataset.command:dataset",
+    "export": "ops.export.command:export",
     "demo": "tokenmill.demo:demo",
     "deploy": "ops.deploy:deploy",
 }

@@ -1,0 +1,125 @@
+"""Read a topic's committed records to its end, one partition after another.
+
+Reads `read_committed`, so records of aborted transactions never appear.
+"The end" of a partition is its last stable offset when reading it starts:
+everything below it is decided, and a transaction still open (say, of a
+worker killed mid-commit) never makes a reader wait. Partitions are read in
+order, each from its start, so the same topic always yields the same records
+in the same order: what redrive and export need to be deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from tokenmill import kafka_clients
+from tokenmill.settings import Settings
+
+READ_TIMEOUT_S = 600.0  # one partition; generous: a DLQ partition can hold gigabytes
+# Committed records below the end arrive at once; if none comes for this long,
+# what is left below the end can only be markers or aborted records, which
+# librdkafka may not step the position over. Stop there instead of waiting.
+IDLE_END_S = 2.0
+BATCH = 1000
+# A batch returns at BATCH records or after this wait: the last, short batch
+# of every partition waits it out, so keep it short.
+BATCH_WAIT_S = 0.05
+# Readers that stop at the end: a fetch that finds nothing new must not sit
+# at the broker for the default 500 ms each time a partition is switched; and
+# a reader that streams a DLQ holds 16 MB ahead, not librdkafka's 64 MB.
+READER_CONFIG = {"fetch.wait.max.ms": 10, "queued.max.messages.kbytes": 16 * 1024}
+
+
+def partition_count(settings: Settings, topic: str) -> int:
+    metadata = kafka_clients.admin(settings).list_topics(topic, timeout=settings.connect_timeout_s)
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise LookupError(f"topic {topic} does not exist at {settings.bootstrap_servers}")
+    return len(found.partitions)
+
+
+def last_stable_offsets(admin: AdminClient, topic: str, partitions: list[int],
+                        timeout_s: float) -> dict[int, int]:
+    """The read_committed end of each partition, in one request."""
+    return _offsets(admin, topic, partitions, OffsetSpec.latest(), timeout_s)
+
+
+def start_offsets(admin: AdminClient, topic: str, partitions: list[int],
+                  timeout_s: float) -> dict[int, int]:
+    """Where each partition starts. Assigning this offset rather than
+    OFFSET_BEGINNING spares librdkafka's offset reset, half a second a read."""
+    return _offsets(admin, topic, partitions, OffsetSpec.earliest(), timeout_s)
+
+
+def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: OffsetSpec,
+             timeout_s: float) -> dict[int, int]:
+    """One request for every partition. A just-created topic may not have its
+    leaders yet: retry briefly."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            futures = admin.list_offsets(
+                {TopicPartition(topic, p): spec for p in partitions},
+                isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
+            return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
+                   timeout_s: float = READ_TIMEOUT_S, start: int = -2) -> Iterator[Message]:
+    """Committed records of one partition from `start` (default: its
+    beginning) to below `end`, in offset order."""
+    if end <= 0 or end <= start:
+        return
+    tp = TopicPartition(topic, partition)
+    consumer.assign([TopicPartition(topic, partition, start)])
+    try:
+        deadline = time.monotonic() + timeout_s
+        last_data = time.monotonic()
+        while _position(consumer, tp) < end:
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"could not read {topic} [{partition}] to offset {end} "
+                                   f"in {timeout_s:.0f}s")
+            idle = now - last_data
+            if idle > IDLE_END_S and (_position(consumer, tp) >= 0 or idle > 3 * IDLE_END_S):
+                return
+            messages = consumer.consume(num_messages=BATCH, timeout=BATCH_WAIT_S)
+            if messages:
+                last_data = time.monotonic()
+            for message in messages:
+                if message.error():
+                    raise RuntimeError(f"reading {topic}: {message.error()}")
+                if message.offset() >= end:  # committed after reading started
+                    return
+                yield message
+    finally:
+        consumer.unassign()
+
+
+def read_topic(settings: Settings, topic: str) -> Iterator[Message]:
+    """Every committed record of the topic, partition 0 first, each in offset order."""
+    count = partition_count(settings, topic)
+    admin = kafka_clients.admin(settings)
+    partitions = list(range(count))
+    ends = last_stable_offsets(admin, topic, partitions, settings.connect_timeout_s)
+    starts = start_offsets(admin, topic, partitions, settings.connect_timeout_s)
+    consumer = kafka_clients.consumer(settings, f"{topic}.reader", READER_CONFIG)
+    try:
+        for partition in partitions:
+            yield from read_partition(consumer, topic, partition, ends[partition],
+                                      start=starts[partition])
+    finally:
+        consumer.close()
+
+
+def _position(consumer: Consumer, tp: TopicPartition) -> int:
+    offset = consumer.position([tp])[0].offset
+    return offset if offset >= 0 else -1
