@@ -16,9 +16,10 @@ its work). A fenced or fatal producer, or an abort that fails, raises
 `KafkaFatal`: the process cannot go on and must exit with one line, so that
 its supervisor restarts it from committed state.
 
-Every step can be observed by a `TransactionHooks` object. Production code
-passes none; tests inject one to fail or kill the process at a chosen step
-(tests/faults.py), so no fault switch lives in the services themselves.
+Every step is reported to a `TransactionHooks` object. The default one
+reports it as a crash point (`transaction.<step>`, tokenmill/crashpoints.py)
+where a test entry point can kill the process; unit tests pass their own
+to fail a step. No fault switch lives in the services themselves.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from tokenmill import crashpoints
 from tokenmill.log import get_logger
 from tokenmill.watchdog import Watchdog
 
@@ -86,22 +88,15 @@ def fenced_message(error: KafkaError, transactional_id: str) -> str:
 
 
 class TransactionHooks:
-    """Observes each step; tests subclass it to fail or kill at a step."""
+    """Observes each step: reports it as the crash point `transaction.<step>`;
+    unit tests subclass it to fail a step."""
 
-    def step(self, name: Step, transaction: int, producer: Producer) -> None:  # noqa: B027
-        """Called after each step; `transaction` counts from 1 per producer.
-        A no-op here, by design."""
+    def step(self, name: Step, transaction: int, producer: Producer) -> None:
+        """Called after each step; `transaction` counts from 1 per producer."""
+        crashpoints.reached(f"transaction.{name}", transaction, lambda: producer.flush(30))
 
 
 NO_HOOKS = TransactionHooks()
-_installed: TransactionHooks = NO_HOOKS
-
-
-def install_hooks(hooks: TransactionHooks) -> None:
-    """For test entry points only (tests/faults.py): every `Transactions`
-    created afterwards in this process reports its steps to `hooks`."""
-    global _installed
-    _installed = hooks
 
 
 @dataclass(frozen=True)
@@ -164,7 +159,7 @@ class Transactions:
         self.transactional_id = transactional_id
         self.timeout_s = timeout_s
         self.backoff = backoff
-        self.hooks = hooks or _installed
+        self.hooks = hooks or NO_HOOKS
         self.watchdog = watchdog
         self.count = 0
 

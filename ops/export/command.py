@@ -17,14 +17,12 @@ again checks the shards its progress file lists, skips their records without
 converting them, and goes on from the next shard: nothing twice, nothing lost.
 Memory holds the dead-letter index, a few S3 objects and one row group.
 
-Fault injection for tests: `TOKENMILL_FAULT_EXPORT_EXIT_AFTER_SHARDS=N` exits
-with 137 after the shard following the first N is in place but before it is
-recorded: the worst place.
+The worst moment for a crash, a shard in place but not yet recorded, is the
+crash point `export.shard_written` (tokenmill/crashpoints.py).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from ops.export.manifest import Manifest, Part, Plan, Shard
 from ops.export.shards import ShardWriter, open_shard
 from sink.s3_writer import make_client
 from sink.service import tune_gc
+from tokenmill import crashpoints
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.log import get_logger
 from tokenmill.progress_bars import progress_bars
@@ -48,7 +47,6 @@ from tokenmill.settings import Settings
 
 log = get_logger("tokenmill.export")
 
-FAULT_EXIT_AFTER_SHARDS = "TOKENMILL_FAULT_EXPORT_EXIT_AFTER_SHARDS"
 DEFAULT_SHARD_RECORDS = 100_000
 
 
@@ -163,8 +161,6 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
             dest: Destination, show_progress: bool | None, err: Console) -> int:
     """Write the shards after those in `current`; the count written."""
     plan = current.plan
-    fault = os.environ.get(FAULT_EXIT_AFTER_SHARDS)
-    exit_after = int(fault) if fault else None
     client = make_client(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
     clean = index.clean_winner()
     skip = current.records_done
@@ -192,13 +188,13 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
                     writer = open_shard(dest.staging(name), plan.format)
                 writer.add(formats.decode(line))
                 if writer.records == plan.shard_records:
-                    _seal(writer, current, dest, exit_after)
+                    _seal(writer, current, dest)
                     writer = None
                     written += 1
                 if not seq & 1023:
                     bars.update(task, completed=seq, records=seq - skip)
         if writer is not None:
-            _seal(writer, current, dest, exit_after)
+            _seal(writer, current, dest)
             written += 1
         bars.update(task, completed=seq, records=seq - skip)
     expected = {part.run: part.records for part in plan.parts}
@@ -213,14 +209,12 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
     return written
 
 
-def _seal(writer: ShardWriter, current: Manifest, dest: Destination,
-          exit_after: int | None) -> None:
+def _seal(writer: ShardWriter, current: Manifest, dest: Destination) -> None:
     name = current.plan.shard_name(len(current.shards))
     size, digest = writer.finish()
     dest.commit(name, writer.path)
-    if exit_after is not None and len(current.shards) >= exit_after:
-        log.warning("fault injection: exiting before recording a shard", shard=name)
-        os._exit(137)
+    # Written, not yet recorded in the progress file: a resume rewrites it.
+    crashpoints.reached("export.shard_written", len(current.shards) + 1)
     current.shards.append(Shard(name=name, records=writer.records, bytes=size, sha256=digest,
                                 runs=dict(sorted(writer.runs.items()))))
     dest.write(manifest.PROGRESS, manifest.encode(current))

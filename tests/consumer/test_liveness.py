@@ -47,7 +47,7 @@ def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
     publish(settings, spec, prompts)
     with running_simulator(PACED) as url:
         victim = ConsumerProcess(settings, run_id, url, "victim", tmp_path, "--concurrency",
-                                 "16", kill_at="committing:4").start()
+                                 "16", kill_at="transaction.committing:4").start()
         assert victim.wait(120) == 137, victim.log()[-3000:]
         assert victim.events("fault injection: killed")
         topic = topics.completions_topic(run_id)

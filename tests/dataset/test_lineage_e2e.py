@@ -24,8 +24,6 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from producer.publisher import FAULT_KILL_AFTER_TXNS
-from ops.export.command import FAULT_EXIT_AFTER_SHARDS
 from tests.e2e.test_pipeline import Service, write_dataset
 from tests.kafka_helpers import read_all
 from tokenmill.devstack.processes import free_port
@@ -70,9 +68,12 @@ class Built:
     run_ids: dict[str, str]
     truth: Truth
 
-    def run(self, *args: str, env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(cli(*args), env=env or self.env, capture_output=True, text=True,
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300,
+            kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+        """`kill_at` ("POINT:N"): die at that crash point (tests/faults.py)."""
+        argv = cli(*args) if kill_at is None else [
+            sys.executable, "-m", "tests.faults", "--kill-at", kill_at, "--", *args]
+        return subprocess.run(argv, env=env or self.env, capture_output=True, text=True,
                               timeout=timeout, cwd=REPO, check=False)
 
 
@@ -106,7 +107,7 @@ def generate(env: dict[str, str], tmp: Path, run_id: str, url: str) -> None:
     worker = Service(f"consume-{run_id}", cli(
         "consume", "--run", run_id, "--sglang-url", url, "--instance", f"c-{run_id}",
         "--until-done", "--concurrency", "32", "--commit-interval", "0.3",
-        "--session-timeout-ms", "6000"), env, tmp)
+        "--session-timeout", "6"), env, tmp)
     sink = Service(f"sink-{run_id}", cli(
         "sink", "--run", run_id, "--instance", f"s-{run_id}", "--until-done",
         "--batch-size", "25", "--max-batch-age", "1", "--session-timeout", "6"), env, tmp)
@@ -294,8 +295,8 @@ def test_a_killed_export_resumes_without_duplicates(built: Built) -> None:
     args = ("export", built.run_ids[LEAF], "--format", "parquet", "--shard-records", str(SHARD),
             "--no-progress")
     assert built.run(*args, "--out", str(clean)).returncode == 0
-    crashed = built.run(*args, "--out", str(killed),
-                        env={**built.env, FAULT_EXIT_AFTER_SHARDS: "2"})
+    # Dies with the third shard in place but not recorded.
+    crashed = built.run(*args, "--out", str(killed), kill_at="export.shard_written:3")
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     progress = json.loads((killed / "_export_progress.json").read_text())
     assert len(progress["shards"]) == 2
@@ -314,7 +315,8 @@ def test_a_redrive_killed_mid_publish_publishes_each_prompt_once(built: Built) -
     args = ("runs", "redrive", child, "--parent", built.run_ids[ROOT], "--reasons",
             "length,empty", "--max-tokens", "16384", "--transaction-records", "10",
             "--no-progress")
-    crashed = built.run(*args, env={**built.env, FAULT_KILL_AFTER_TXNS: "3"})
+    # Dies as its fourth transaction commits, its records on the broker.
+    crashed = built.run(*args, kill_at="transaction.committing:4")
     assert crashed.returncode == 137, crashed.stderr[-2000:]
     assert len(prompt_ids(built.settings, child)) == 30  # three transactions committed
     resumed = built.run(*args)

@@ -38,7 +38,7 @@ def test_injected_crash_mid_transaction_then_rerun(settings, run_id, tmp_path: P
     path = _dataset(tmp_path, 3000)
     # Dies as its third transaction commits, after its records reached the broker.
     crashed = run_cli(settings, run_id, [path], "--transaction-records", "500",
-                      kill_at="committing:3")
+                      kill_at="transaction.committing:3")
     assert crashed.returncode == 137, crashed.stderr
     assert "fault injection: killed" in crashed.stderr
     # Two transactions committed; the third reached the broker but never committed.

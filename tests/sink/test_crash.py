@@ -50,7 +50,7 @@ def test_kill_between_upload_and_commit_then_restart(settings, run_id, tmp_path)
 
     # First life: dies (as after kill -9) in its 5th flush transaction, after the
     # round's uploads and its DLQ records reached the broker, before the commit.
-    first = start_sink(settings, run_id, *FAST, log_path=log, kill_at="offsets_sent:5")
+    first = start_sink(settings, run_id, *FAST, log_path=log, kill_at="transaction.offsets_sent:5")
     assert wait(first, 60, log) == 137, log.read_text()[-3000:]
     assert "fault injection: killed" in log.read_text()
     uploaded_before_restart = {o.key: [line["id"] for line in o.lines]
@@ -60,7 +60,7 @@ def test_kill_between_upload_and_commit_then_restart(settings, run_id, tmp_path)
     assert committed < total  # the crash left work uncommitted
 
     # Second life: dies again, in the middle of the replay.
-    second = start_sink(settings, run_id, *FAST, log_path=log, kill_at="committing:4")
+    second = start_sink(settings, run_id, *FAST, log_path=log, kill_at="transaction.committing:4")
     assert wait(second, 60, log) == 137
 
     # Third life: finishes the run.
