@@ -13,7 +13,7 @@ import click
 
 from consumer.backoff import RetryPolicy
 from consumer.worker import FatalWorkerError, Worker, WorkerConfig
-from tokenmill.commandline import register_known_error, service_command
+from tokenmill.commandline import exit_now, register_known_error, service_command
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 from tokenmill.transactions import KafkaFatal
@@ -135,5 +135,8 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         metrics_port=metrics_port,
         api_key=os.environ.get("TOKENMILL_SGLANG_API_KEY") or None,
     )
-    code = asyncio.run(Worker(settings, spec, config).run())
+    try:
+        code = asyncio.run(Worker(settings, spec, config).run())
+    except (FatalWorkerError, KafkaFatal) as exc:
+        exit_now(str(exc))
     sys.exit(code)

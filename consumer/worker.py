@@ -667,11 +667,15 @@ class Worker:
             self._drop_state(state, "shutdown")
 
     def _shutdown(self) -> None:
-        """Never raises: a second error must not hide the first."""
+        """Never raises: a second error must not hide the first. After a fatal
+        error nothing is closed: the broker may not answer, and the members'
+        sessions expire by themselves (crash-only)."""
+        if self.fatal is not None:
+            return
         try:
             if self._members is not None:
                 self._members.close_all()
-            if self._producer is not None and self.fatal is None:
+            if self._producer is not None:
                 with self.watchdog.guard("flushing the producer", 30):
                     self._producer.flush(10)
         except Exception as exc:  # noqa: BLE001 - logged; the exit code says the rest

@@ -11,7 +11,7 @@ from sink.batcher import BatchLimits
 from sink.config import parse_size, resolve
 from sink.errors import SinkError
 from sink.service import SinkService, tune_gc
-from tokenmill.commandline import register_known_error, service_command
+from tokenmill.commandline import exit_now, register_known_error, service_command
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 from tokenmill.transactions import KafkaFatal
@@ -83,4 +83,8 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
     service = SinkService(settings=settings, spec=spec, config=config)
     service.install_signal_handlers()
     tune_gc()
-    sys.exit(service.run())
+    try:
+        code = service.run()
+    except KafkaFatal as exc:
+        exit_now(str(exc))
+    sys.exit(code)

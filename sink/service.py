@@ -198,16 +198,19 @@ class SinkService:
         self._pool = ThreadPoolExecutor(max_workers=config.upload_concurrency,
                                         thread_name_prefix="sink-upload")
         metrics_server = None
-        failed = True
+        failure: BaseException | None = None
         try:
             if config.metrics_port:
                 metrics_server = self.metrics.serve(config.metrics_port)
             consumer.subscribe([self.topic], on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             self._loop()
-            failed = False
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
-            self._close(consumer, producer, failed)
+            if not isinstance(failure, KafkaFatal):  # crash-only: nothing to close then
+                self._close(consumer, producer, failure is not None)
             if metrics_server is not None:
                 metrics_server.shutdown()
 

@@ -4,8 +4,10 @@ turning known failures into one clear line instead of a traceback."""
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -32,6 +34,15 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
     return (BrokerUnreachable, RunConflict, UnknownRun, PortInUse, StackError,
             BrokerSetupError, FileNotFoundError, *_known)
+
+
+def exit_now(message: str, code: int = 1) -> NoReturn:
+    """A service that cannot go on: one line, then out at once. No
+    finalizers run: destroying a Kafka client whose broker is gone can block,
+    and the supervisor restarts the service from committed state anyway."""
+    sys.stdout.flush()
+    print(f"Error: {message}", file=sys.stderr, flush=True)
+    os._exit(code)
 
 
 def service_command(func: F) -> F:

@@ -68,8 +68,14 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
 
 
 def classify(error: KafkaError) -> Verdict:
-    """What a failed transaction step calls for (pure, tested directly)."""
-    if error.fatal() or error.code() in _FENCED:
+    """What a failed transaction step calls for (pure, tested directly).
+
+    A step that timed out is fatal: the broker did not answer within the
+    transaction timeout, and librdkafka answering such a request late (after
+    the abort) was seen to abort the process (`rd_kafka_enq_once_del_source_
+    return: Assertion eonce->refcnt > 0`, librdkafka 2.16). A fresh process
+    recovers from committed state instead."""
+    if error.fatal() or error.code() in _FENCED or error.code() == KafkaError._TIMED_OUT:
         return "fatal"
     if error.txn_requires_abort():
         return "abort"
@@ -80,6 +86,10 @@ def classify(error: KafkaError) -> Verdict:
 
 def fenced_message(error: KafkaError, transactional_id: str) -> str:
     """One line that says what happened and what to look at."""
+    if error.code() == KafkaError._TIMED_OUT:
+        return (f"Kafka did not answer a transaction step of {transactional_id} in time "
+                f"(broker down or restarting?); restarting from committed state "
+                f"({error.str()})")
     if error.code() in _FENCED or "fenced" in error.str().lower() or "epoch" in error.str().lower():
         return (f"another process took over transactional id {transactional_id} (same run "
                 f"and --instance?), so this one stopped; nothing it had not committed is "

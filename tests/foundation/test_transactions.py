@@ -74,7 +74,7 @@ def _group_consumer(settings, topic: str, group: str):
     (KafkaError.CONCURRENT_TRANSACTIONS, False, False, True, "retry"),
     (KafkaError.COORDINATOR_NOT_AVAILABLE, False, False, True, "retry"),
     (KafkaError.ILLEGAL_GENERATION, False, True, False, "abort"),
-    (KafkaError._TIMED_OUT, False, True, True, "abort"),  # abortable wins over retriable
+    (KafkaError._TIMED_OUT, False, True, True, "fatal"),  # a fresh process, not a late answer
     (KafkaError.UNKNOWN_MEMBER_ID, False, False, False, "abort"),
     (KafkaError._STATE, True, False, False, "fatal"),
 ])
