@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "sink": "sink.command:sink",
     "status": "ops.status:status",
     "spot-check": "ops.spot_check:spot_check",
+    "plan": "ops.plan.command:plan",
     "demo": "tokenmill.demo:demo",
 }
 

@@ -1,0 +1,45 @@
+"""The predictions table, as `tokenmill plan` and `tokenmill produce` print it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from schemas.plan import Prediction
+
+
+def duration_text(hours: float) -> str:
+    """45.2 h; 16.5 days; 12 min; 40 s."""
+    if hours < 1 / 60:
+        return f"{hours * 3600:.0f} s"
+    if hours < 1:
+        return f"{hours * 60:.0f} min"
+    if hours < 72:
+        return f"{hours:.1f} h"
+    return f"{hours / 24:.1f} days"
+
+
+def count_text(value: float) -> str:
+    """1.2M, 3.4B: token totals are large."""
+    for limit, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:.0f}"
+
+
+def predictions_table(predictions: Sequence[Prediction], *, prompts: int, gpus: int,
+                      gpu_hour_cost: float, title: str | None = None) -> Table:
+    table = Table(title=title or f"{prompts:,} prompts on {gpus} GPU(s) at "
+                                 f"${gpu_hour_cost:,.2f} per GPU-hour")
+    for column in ("max_tokens", "truncated", "tokens/answer", "output tokens", "requests/s",
+                   "time", "GPU-hours", "cost"):
+        table.add_column(column, justify="right")
+    for p in predictions:
+        table.add_row(
+            f"{p.max_tokens:,}" if p.max_tokens is not None else "-",
+            f"{100 * p.truncated_share:.1f}%" if p.truncated_share is not None else "?",
+            f"{p.output_tokens_per_prompt:,.0f}", count_text(p.output_tokens),
+            f"{p.requests_per_s:,.2f}", duration_text(p.hours), f"{p.gpu_hours:,.1f}",
+            f"${p.cost:,.0f}")
+    return table
