@@ -25,10 +25,12 @@ def predict(*, prompts: int, lengths: LengthDistribution, curve: Curve, concurre
             gpus: int, gpu_hour_cost: float, max_tokens: int, seed: int = 0) -> Prediction:
     """Truncation, tokens, hours and cost for `prompts` prompts with budget
     `max_tokens` on `gpus` servers, each holding `concurrency` in flight."""
-    answer_lengths = lengths.quantiles(max_tokens, QUANTILES)
-    seconds = makespan.makespan_seconds(
-        answer_lengths, makespan.per_gpu_jobs(prompts, gpus), concurrency,
-        lambda m: tokens_per_s(curve, m), seed=seed)
+    jobs = makespan.per_gpu_jobs(prompts, gpus)
+    # as many quantiles as jobs (up to a cap), so the jobs' total is the mean's
+    answer_lengths = makespan.busiest_gpu_lengths(
+        lengths.quantiles(max_tokens, min(jobs, QUANTILES)), jobs, gpus)
+    seconds = makespan.makespan_seconds(answer_lengths, jobs, concurrency,
+                                        lambda m: tokens_per_s(curve, m), seed=seed)
     return makespan.prediction(
         max_tokens=max_tokens, truncated_share=lengths.truncated_share(max_tokens),
         prompts=prompts, output_tokens_per_prompt=lengths.mean_output_tokens(max_tokens),
