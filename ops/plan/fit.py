@@ -3,7 +3,8 @@
 Least squares on relative error (a level at concurrency 1 counts as much as
 one on the plateau), each level weighted by its evidence. For a fixed knee
 and sharpness the plateau has a closed form, so the search is a grid over
-the sharpness and a log grid over the knee, refined around the best knee.
+the sharpness and a log grid over the knee, refined around each sharpness's
+best knee.
 """
 
 from __future__ import annotations
@@ -46,24 +47,31 @@ def fit_curve(points: Sequence[tuple[float, float, float]]) -> Curve:
     ratio = (hi / lo) ** (1 / KNEE_STEPS)
     best = (math.inf, 0.0, 1.0, 1.0)  # error, plateau, knee, sharpness
     for s in SHARPNESS:
-        for i in range(KNEE_STEPS + 1):
-            knee = lo * ratio**i
+        knees = [lo * ratio**i for i in range(KNEE_STEPS + 1)]
+        errors = [_best_plateau(usable, knee, s)[1] for knee in knees]
+        i = min(range(len(knees)), key=errors.__getitem__)
+        knee = _refine(usable, s, knees[i] / ratio, knees[i] * ratio)
+        plateau, error = _best_plateau(usable, knee, s)
+        if error > errors[i]:
+            knee = knees[i]
             plateau, error = _best_plateau(usable, knee, s)
-            if error < best[0]:
-                best = (error, plateau, knee, s)
-    # refine the knee between its grid neighbours (golden section on log knee)
-    _, _, knee, s = best
-    a, b = math.log(knee / ratio), math.log(knee * ratio)
+        if error < best[0]:
+            best = (error, plateau, knee, s)
+    _, plateau, knee, s = best
+    return Curve(max_tokens_per_s=plateau, knee=knee, sharpness=s)
+
+
+def _refine(points: Sequence[tuple[float, float, float]], sharpness: float, lo: float,
+            hi: float) -> float:
+    """The best knee in [lo, hi] (golden section on log knee)."""
+    a, b = math.log(lo), math.log(hi)
     golden = (math.sqrt(5) - 1) / 2
     for _ in range(40):
         x1 = b - golden * (b - a)
         x2 = a + golden * (b - a)
-        if _best_plateau(usable, math.exp(x1), s)[1] <= _best_plateau(usable, math.exp(x2), s)[1]:
+        if (_best_plateau(points, math.exp(x1), sharpness)[1]
+                <= _best_plateau(points, math.exp(x2), sharpness)[1]):
             b = x2
         else:
             a = x1
-    refined = math.exp((a + b) / 2)
-    plateau, error = _best_plateau(usable, refined, s)
-    if error > best[0]:
-        _, plateau, refined, s = best
-    return Curve(max_tokens_per_s=plateau, knee=refined, sharpness=s)
+    return math.exp((a + b) / 2)
