@@ -110,7 +110,7 @@ def sample_answers(prompts: Sequence[SampledPrompt], sweep: SweepResult,
 def calibrated_plan(sample: DatasetSample, sweep: SweepResult, server: ServerInfo,
                     costing: Costing) -> Plan:
     dataset = sample.dataset
-    notes: list[str] = []
+    notes: list[str] = []  # the sweep's own notes go first, once the answers are known
     spans = [Span(r.start, r.end, r.completion_tokens if r.outcome not in
                   ("failed", "rejected", "unfinished") else None)
              for r in sweep.requests if r.end is not None]
@@ -154,7 +154,7 @@ def calibrated_plan(sample: DatasetSample, sweep: SweepResult, server: ServerInf
     answers = sample_answers(sample.prompts, sweep, rates.progress)
     max_tokens = costing.candidates[-1]
     lengths = Lengths(max_tokens=max_tokens, answers=tuple(answers))
-    notes.extend(_sweep_notes(sample, sweep, answers))
+    notes[:0] = _sweep_notes(sample, sweep, answers)
     served = _stratified_mean([(sample.prompts[r.sample].stratum, float(r.prompt_tokens))
                                for r in finished if not r.repeat and r.prompt_tokens > 0], dataset)
     prompt_tokens = (PromptTokens(mean=served, total=served * dataset.prompts, source="server")
@@ -173,6 +173,8 @@ def calibrated_plan(sample: DatasetSample, sweep: SweepResult, server: ServerInf
                             for m in costing.candidates)
     elif not answers:
         notes.append("no sample answer was measured: no prediction")
+    else:
+        notes.append("no throughput was measured (no request finished): no prediction")
     return Plan(created_at=time.time(), dataset=dataset, prompt_tokens=prompt_tokens,
                 assumptions=assumptions, predictions=predictions, calibration=calibration,
                 lengths=lengths, notes=tuple(notes))
