@@ -163,6 +163,7 @@ def length_shares(prompts: list[PromptRecord], budgets: tuple[int, ...]) -> dict
         return asyncio.run(measure(sim.base_url))
 
 
+@pytest.mark.timeout(900)
 def test_plan_predicts_a_three_gpu_run(settings: Settings, run_id: str, tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     synthetic.write_jsonl(data, synthetic.records(PROMPTS, seed=5, words=20))

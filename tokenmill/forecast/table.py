@@ -28,6 +28,10 @@ def count_text(value: float) -> str:
     return f"{value:.0f}"
 
 
+def cost_text(cost: float) -> str:
+    return f"${cost:,.2f}" if cost < 100 else f"${cost:,.0f}"
+
+
 def predictions_table(predictions: Sequence[Prediction], *, prompts: int, gpus: int,
                       gpu_hour_cost: float, title: str | None = None) -> Table:
     table = Table(title=title or f"{prompts:,} prompts on {gpus} GPU(s) at "
@@ -41,5 +45,5 @@ def predictions_table(predictions: Sequence[Prediction], *, prompts: int, gpus: 
             f"{100 * p.truncated_share:.1f}%" if p.truncated_share is not None else "?",
             f"{p.output_tokens_per_prompt:,.0f}", count_text(p.output_tokens),
             f"{p.requests_per_s:,.2f}", duration_text(p.hours), f"{p.gpu_hours:,.1f}",
-            f"${p.cost:,.0f}")
+            cost_text(p.cost))
     return table
