@@ -2,8 +2,10 @@
 holding a rising number of requests in flight, within a time budget.
 
 1. Sweep: for each concurrency level (ascending), hold exactly that many
-   requests in flight for `level_seconds`, starting a new request whenever
-   one finishes. Requests cross level boundaries; rates.py sorts that out.
+   requests in flight for the level's duration, starting a new request
+   whenever one finishes. Requests cross level boundaries; rates.py sorts
+   that out. Low levels leave most of the server idle, so they get the
+   shorter durations (see `level_durations`).
 2. The sample first: every sample prompt is sent once, in sample order;
    when all have been sent, earlier ones are sent again (repeats keep the
    level's concurrency, count for throughput, not for lengths). If the sweep
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,16 +103,26 @@ class _State:
     tokens: int = 0
 
 
+def level_durations(levels: list[int], total_s: float) -> list[float]:
+    """`total_s` split over the levels in proportion to sqrt(concurrency): a
+    level below the knee leaves most of the server idle, and every second
+    there is a second the sample's answers are not being generated."""
+    weights = [math.sqrt(c) for c in levels]
+    return [total_s * w / sum(weights) for w in weights]
+
+
 class Sweep:
     def __init__(self, client: SGLangClient, bodies: list[dict[str, Any]], levels: list[int], *,
-                 level_seconds: float, budget_s: float, max_failures: int | None = None,
+                 durations: list[float], budget_s: float, max_failures: int | None = None,
                  on_status: Callable[[SweepStatus], None] | None = None) -> None:
         if not bodies:
             raise ValueError("no prompts to calibrate with")
+        if len(durations) != len(levels):
+            raise ValueError("one duration per level")
         self.client = client
         self.bodies = bodies
         self.levels = levels
-        self.level_seconds = level_seconds
+        self.durations = durations
         self.budget_s = budget_s
         self.max_failures = max_failures if max_failures is not None else max(20, len(bodies) // 5)
         self.on_status = on_status
@@ -138,7 +151,7 @@ class Sweep:
                 span = LevelSpan(concurrency, loop.time(), loop.time())
                 spans.append(span)
                 self._fill()
-                await self._wait_until(loop.time() + self.level_seconds, lambda: False)
+                await self._wait_until(loop.time() + self.durations[index], lambda: False)
                 span.end = loop.time()
                 if self._over(result):
                     break

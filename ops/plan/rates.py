@@ -20,6 +20,7 @@ plateau. Below the lowest level the per-request rate is that level's.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -165,7 +166,13 @@ class LevelRates:
 
 def level_rates(spans: Sequence[Span], levels: Sequence[int]) -> LevelRates:
     """Per-request output rate at each level, from every request's span (all
-    spans shape the in-flight count; finished ones carry the evidence)."""
+    spans shape the in-flight count; finished ones carry the evidence).
+
+    One physical constraint regularizes it: a request never decodes faster
+    because more requests share the server, so r_1 >= r_2 >= ... >= 0. That
+    is solved as non-negative least squares on the steps between levels
+    (r_k = sum of steps d_j for j >= k), and it keeps short, overlapping
+    low levels from trading tokens between each other."""
     if list(levels) != sorted(set(levels)) or not levels or levels[0] < 1:
         raise ValueError("levels must be ascending, distinct and >= 1")
     timeline = Timeline(spans, levels)
@@ -179,10 +186,14 @@ def level_rates(spans: Sequence[Span], levels: Sequence[int]) -> LevelRates:
         # sum(in-flight time), Little's law, unbiased even when part of a
         # request's time is queueing or prefill (plain least squares is not)
         weight = 1.0 / (s.end - s.start)
-        row = timeline.row(s.start, s.end)
+        exposure = timeline.row(s.start, s.end)
+        # columns for the steps: step j adds to the rates of levels 0..j
+        row = list(itertools.accumulate(exposure))
         for i in range(k):
             if row[i]:
                 b[i] += weight * row[i] * s.tokens
                 for j in range(k):
                     a[i][j] += weight * row[i] * row[j]
-    return LevelRates(nnls(a, b), timeline.level_request_seconds(), timeline)
+    steps = nnls(a, b)
+    per_request = list(itertools.accumulate(reversed(steps)))[::-1]
+    return LevelRates(per_request, timeline.level_request_seconds(), timeline)

@@ -26,7 +26,7 @@ from rich.progress import (
 
 from consumer.sglang_client import SGLangClient, request_body
 from ops.plan.build import Costing, ServerInfo, calibrated_plan, flags_plan
-from ops.plan.calibrate import Sweep, SweepResult, SweepStatus
+from ops.plan.calibrate import Sweep, SweepResult, SweepStatus, level_durations
 from ops.plan.dataset import DatasetSample, read_sample
 from schemas.plan import Plan
 from schemas.run import GenerationSettings, MultiTurnPolicy, ToolMode
@@ -156,9 +156,9 @@ async def _calibrate(options: PlanOptions, sample: DatasetSample, err: Console) 
         levels = options.levels or powers_of_two(
             options.max_concurrency or (2 * server_limit if server_limit else
                                         DEFAULT_MAX_CONCURRENCY))
-        level_seconds = options.time_budget_s * LEVEL_SHARE / len(levels)
+        durations = level_durations(list(levels), options.time_budget_s * LEVEL_SHARE)
         log.info("calibrating", server=public_url(url), levels=list(levels),
-                 level_seconds=round(level_seconds, 1), sample=len(bodies),
+                 level_seconds=[round(d, 1) for d in durations], sample=len(bodies),
                  max_tokens=settings.max_tokens, server_max_running_requests=server_limit)
         stop = asyncio.Event()
         with _bars(err, options.show_progress) as bars, _ctrl_c_stops(stop, err):
@@ -172,7 +172,7 @@ async def _calibrate(options: PlanOptions, sample: DatasetSample, err: Console) 
                                    f"{status.in_flight} in flight, "
                                    f"{status.tokens / max(status.elapsed, 1e-9):,.0f} tok/s")
 
-            sweep = Sweep(client, bodies, list(levels), level_seconds=level_seconds,
+            sweep = Sweep(client, bodies, list(levels), durations=durations,
                           budget_s=options.time_budget_s, on_status=show)
             result: SweepResult = await sweep.run(stop)
     if result.interrupted:
