@@ -175,6 +175,7 @@ async def _calibrate(options: PlanOptions, sample: DatasetSample, err: Console) 
             sweep = Sweep(client, bodies, list(levels), durations=durations,
                           budget_s=options.time_budget_s, on_status=show)
             result: SweepResult = await sweep.run(stop)
+            bars.update(task, completed=options.time_budget_s)
     if result.interrupted:
         err.print("[yellow]calibration interrupted: the plan below is what was measured "
                   "until then[/]")

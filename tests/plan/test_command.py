@@ -16,6 +16,8 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
+from ops.plan.command import parse_duration
+from ops.plan.runner import public_url
 from schemas.plan import Plan, plan_decoder
 from schemas.run import Estimate, RunSpec
 from tokenmill.cli import cli
@@ -253,3 +255,20 @@ def test_a_plan_file_ignores_fields_it_does_not_know(calibrated: tuple[Path, str
     raw["added_later"] = {"x": 1}
     raw["dataset"]["also_new"] = True
     assert isinstance(plan_decoder.decode(json.dumps(raw)), Plan)
+
+
+@pytest.mark.parametrize("text,seconds", [("300", 300.0), ("90s", 90.0), ("5m", 300.0),
+                                          ("1.5h", 5400.0), (" 2 min ", 120.0)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "-5m", "5x", "", "m"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_the_plan_never_records_credentials() -> None:
+    assert public_url("http://user:s3cret@gpu-1:30000/v1?key=x") == "http://gpu-1:30000/v1"
+    assert public_url("https://gpu-1") == "https://gpu-1"
