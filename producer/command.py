@@ -10,7 +10,7 @@ import msgspec
 from rich.console import Console
 
 from producer.errors import ProducerError
-from producer.pipeline import Outcome, ProduceOptions, run_producer
+from producer.pipeline import ProduceOptions, run_producer
 from schemas.run import (
     DLQ_REASONS,
     RUN_ID_PATTERN,
@@ -22,9 +22,8 @@ from schemas.run import (
 )
 from schemas.plan import Plan, plan_decoder
 from tokenmill.commandline import register_known_error, service_command
-from tokenmill.forecast import makespan
-from tokenmill.forecast.estimate import PlanMismatch, run_estimate
-from tokenmill.forecast.table import duration_text, predictions_table
+from tokenmill.forecast.estimate import PlanMismatch, input_differences, run_estimate
+from tokenmill.forecast.table import forecast
 from tokenmill.settings import Settings
 
 DEFAULT_GPU_HOUR_COST = 4.5
@@ -92,7 +91,8 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
             partitions_per_gpu: int, multi_turn: str, tool_mode: str, model: str,
             max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
             thinking: bool, estimate_rps: float | None, estimate_output_tokens: float | None,
-            plan_path: Path | None, gpu_hour_cost: float | None, dlq_reasons: str | None, parent_run: str | None, s3_compression: str,
+            plan_path: Path | None, gpu_hour_cost: float | None, dlq_reasons: str | None,
+            parent_run: str | None, s3_compression: str,
             rejects_path: Path | None, strict: bool, dry_run: bool, transaction_records: int,
             show_progress: bool | None) -> None:
     """Normalize prompt files and publish them to a new run, exactly once.
@@ -128,7 +128,7 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
                                    "not both")
         plan = load_plan(plan_path)
         price = plan.assumptions.gpu_hour_cost if gpu_hour_cost is None else gpu_hour_cost
-        for warning in plan_warnings(plan, files, multi_turn, tool_mode):
+        for warning in input_differences(plan, files, multi_turn, tool_mode):
             err.print(f"[yellow]warning: {warning}[/]")
         try:
             estimate = run_estimate(plan, max_tokens=max_tokens, gpus=gpus, gpu_hour_cost=price)
@@ -142,7 +142,9 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
     outcome = run_producer(settings, ProduceOptions(
         files=files, spec=spec, rejects_path=rejects_path, strict=strict, dry_run=dry_run,
         transaction_records=transaction_records, show_progress=show_progress), out=out, err=err)
-    print_forecast(out, outcome, gpus, price)
+    if spec.estimate is not None and outcome.total:
+        out.print(forecast(spec.estimate, prompts=outcome.total, gpus=gpus, gpu_hour_cost=price,
+                           max_tokens=max_tokens))
 
 
 def load_plan(path: Path) -> Plan:
@@ -153,46 +155,3 @@ def load_plan(path: Path) -> Plan:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise click.BadParameter(f"{path}: not a tokenmill plan ({exc})",
                                  param_hint="--plan") from None
-
-
-def plan_warnings(plan: Plan, files: tuple[Path, ...], multi_turn: str,
-                  tool_mode: str) -> list[str]:
-    """Differences between what the plan read and what this run reads."""
-    warnings = []
-    planned = sorted((f.name.rsplit("/", 1)[-1], f.size) for f in plan.dataset.inputs)
-    given = sorted((f.name, f.stat().st_size) for f in files if f.is_file())
-    if planned != given:
-        warnings.append("the plan was made for other input files (names or sizes differ); "
-                        "its estimate is stored anyway")
-    if (plan.dataset.multi_turn, plan.dataset.tools) != (multi_turn, tool_mode):
-        warnings.append(f"the plan read the data with --multi-turn {plan.dataset.multi_turn} "
-                        f"--tools {plan.dataset.tools}; this run uses --multi-turn {multi_turn} "
-                        f"--tools {tool_mode}")
-    return warnings
-
-
-def print_forecast(out: Console, outcome: Outcome, gpus: int, gpu_hour_cost: float) -> None:
-    """Hours, tokens and cost of the run's prompts at its estimate."""
-    estimate = outcome.spec.estimate
-    if estimate is None or not estimate.requests_per_s or not outcome.total:
-        return
-    rps = estimate.requests_per_s
-    if estimate.output_tokens is None:
-        out.print(f"forecast: {outcome.total:,} prompts at {rps:,.2f} requests/s take "
-                  f"{duration_text(outcome.total / rps / 3600)} (give --estimate-output-tokens "
-                  "for tokens and cost)")
-        return
-    prediction = makespan.from_rates(prompts=outcome.total, requests_per_s=rps,
-                                     output_tokens=estimate.output_tokens, gpus=gpus,
-                                     gpu_hour_cost=gpu_hour_cost)
-    prediction = msgspec.structs.replace(
-        prediction, max_tokens=outcome.spec.generation.max_tokens,
-        truncated_share=estimate.truncated_share)
-    source = ("the plan" if estimate.source == "plan"
-              else "--estimate-rps / --estimate-output-tokens")
-    out.print(predictions_table([prediction], prompts=outcome.total, gpus=gpus,
-                                gpu_hour_cost=gpu_hour_cost, title=f"forecast from {source}: "
-                                f"{outcome.total:,} prompts on {gpus} GPU(s)"))
-    if estimate.concurrency:
-        out.print(f"the plan assumes --concurrency {estimate.concurrency} per worker "
-                  f"({estimate.tokens_per_s or 0:,.0f} output tokens/s in all)")

@@ -12,7 +12,7 @@ import msgspec
 from ops.plan.calibrate import Request, SweepResult
 from ops.plan.dataset import DatasetSample, SampledPrompt
 from ops.plan.fit import fit_curve
-from ops.plan.rates import Span, level_rates
+from ops.plan.rates import LevelRates, Span, level_rates
 from schemas.plan import (
     Answer,
     Assumptions,
@@ -22,6 +22,7 @@ from schemas.plan import (
     Lengths,
     Level,
     Plan,
+    Prediction,
     PromptTokens,
 )
 from schemas.prompt import PromptRecord
@@ -110,19 +111,58 @@ def sample_answers(prompts: Sequence[SampledPrompt], sweep: SweepResult,
 def calibrated_plan(sample: DatasetSample, sweep: SweepResult, server: ServerInfo,
                     costing: Costing) -> Plan:
     dataset = sample.dataset
-    notes: list[str] = []  # the sweep's own notes go first, once the answers are known
+    rates = _level_rates(sweep)
+    calibration, calibration_notes = _calibration(sweep, server, rates)
+    answers = sample_answers(sample.prompts, sweep, rates.progress)
+    max_tokens = costing.candidates[-1]
+    notes = _sweep_notes(sample, sweep, answers) + calibration_notes
+    finished = sweep.finished()
+    served = _stratified_mean([(sample.prompts[r.sample].stratum, float(r.prompt_tokens))
+                               for r in finished if not r.repeat and r.prompt_tokens > 0], dataset)
+    prompt_tokens = (PromptTokens(mean=served, total=served * dataset.prompts, source="server")
+                     if served else prompt_tokens_estimate(sample))
+    assumptions = Assumptions(gpus=costing.gpus, gpu_hour_cost=costing.gpu_hour_cost,
+                              source="calibration",
+                              concurrency=calibration.recommended_concurrency,
+                              tokens_per_s_per_gpu=calibration.tokens_per_s)
+    predictions: tuple[Prediction, ...] = ()
+    if answers and calibration.curve is not None:
+        distribution = LengthDistribution(answers, {i: s.prompts for i, s in
+                                                    enumerate(dataset.strata)}, max_tokens)
+        predictions = tuple(predict(prompts=dataset.prompts, lengths=distribution,
+                                    curve=calibration.curve,
+                                    concurrency=calibration.recommended_concurrency,
+                                    gpus=costing.gpus, gpu_hour_cost=costing.gpu_hour_cost,
+                                    max_tokens=m, seed=costing.seed)
+                            for m in costing.candidates)
+    elif not answers:
+        notes.append("no sample answer was measured: no prediction")
+    else:
+        notes.append("no throughput was measured (no request finished): no prediction")
+    return Plan(created_at=time.time(), dataset=dataset, prompt_tokens=prompt_tokens,
+                assumptions=assumptions, predictions=predictions, calibration=calibration,
+                lengths=Lengths(max_tokens=max_tokens, answers=tuple(answers)),
+                notes=tuple(notes))
+
+
+def _level_rates(sweep: SweepResult) -> LevelRates:
     spans = [Span(r.start, r.end, r.completion_tokens if r.outcome not in
                   ("failed", "rejected", "unfinished") else None)
              for r in sweep.requests if r.end is not None]
-    visited = [span.concurrency for span in sweep.levels]
-    if not spans or not visited:
+    if not spans or not sweep.levels:
         raise ValueError("calibration measured nothing (no request was sent)")
-    rates = level_rates(spans, visited)
-    throughput = rates.throughput(visited)
+    return level_rates(spans, [span.concurrency for span in sweep.levels])
+
+
+def _calibration(sweep: SweepResult, server: ServerInfo,
+                 rates: LevelRates) -> tuple[Calibration, list[str]]:
+    """The levels, the fitted curve and the recommended concurrency."""
+    notes = []
+    visited = [span.concurrency for span in sweep.levels]
     levels = tuple(Level(concurrency=s.concurrency, seconds=s.end - s.start,
                          request_seconds=rs, tokens_per_s=t)
-                   for s, rs, t in zip(sweep.levels, rates.request_seconds, throughput,
-                                       strict=True))
+                   for s, rs, t in zip(sweep.levels, rates.request_seconds,
+                                       rates.throughput(visited), strict=True))
     curve: Curve | None
     try:
         curve = fit_curve([(lv.concurrency, lv.tokens_per_s, lv.request_seconds)
@@ -140,44 +180,15 @@ def calibrated_plan(sample: DatasetSample, sweep: SweepResult, server: ServerInf
         knee = recommended = best.concurrency
         saturated, rate = False, best.tokens_per_s
         notes.append("too few levels measured to fit a curve: using the best level measured")
-    failures = sum(1 for r in sweep.requests if r.outcome in ("failed", "rejected"))
-    finished = sweep.finished()
     calibration = Calibration(
         server=server.url, model=server.model,
         server_max_running_requests=server.max_running_requests,
         time_budget_s=server.time_budget_s, seconds=sweep.ended - sweep.started,
-        requests=len(finished), failures=failures, interrupted=sweep.interrupted,
-        levels=levels, curve=curve, knee_concurrency=knee, recommended_concurrency=recommended,
-        tokens_per_s=rate,
-        saturated=saturated)
-
-    answers = sample_answers(sample.prompts, sweep, rates.progress)
-    max_tokens = costing.candidates[-1]
-    lengths = Lengths(max_tokens=max_tokens, answers=tuple(answers))
-    notes[:0] = _sweep_notes(sample, sweep, answers)
-    served = _stratified_mean([(sample.prompts[r.sample].stratum, float(r.prompt_tokens))
-                               for r in finished if not r.repeat and r.prompt_tokens > 0], dataset)
-    prompt_tokens = (PromptTokens(mean=served, total=served * dataset.prompts, source="server")
-                     if served else prompt_tokens_estimate(sample))
-    assumptions = Assumptions(gpus=costing.gpus, gpu_hour_cost=costing.gpu_hour_cost,
-                              source="calibration", concurrency=recommended,
-                              tokens_per_s_per_gpu=rate)
-    predictions = ()
-    if answers and curve is not None:
-        distribution = LengthDistribution(answers, {i: s.prompts for i, s in
-                                                    enumerate(dataset.strata)}, max_tokens)
-        predictions = tuple(predict(prompts=dataset.prompts, lengths=distribution, curve=curve,
-                                    concurrency=recommended, gpus=costing.gpus,
-                                    gpu_hour_cost=costing.gpu_hour_cost, max_tokens=m,
-                                    seed=costing.seed)
-                            for m in costing.candidates)
-    elif not answers:
-        notes.append("no sample answer was measured: no prediction")
-    else:
-        notes.append("no throughput was measured (no request finished): no prediction")
-    return Plan(created_at=time.time(), dataset=dataset, prompt_tokens=prompt_tokens,
-                assumptions=assumptions, predictions=predictions, calibration=calibration,
-                lengths=lengths, notes=tuple(notes))
+        requests=len(sweep.finished()),
+        failures=sum(1 for r in sweep.requests if r.outcome in ("failed", "rejected")),
+        interrupted=sweep.interrupted, levels=levels, curve=curve, knee_concurrency=knee,
+        recommended_concurrency=recommended, tokens_per_s=rate, saturated=saturated)
+    return calibration, notes
 
 
 def _sweep_notes(sample: DatasetSample, sweep: SweepResult, answers: list[Answer]) -> list[str]:

@@ -112,6 +112,17 @@ def level_durations(levels: list[int], total_s: float) -> list[float]:
 
 
 class Sweep:
+    """One calibration run (a Sweep runs once)."""
+
+    # set when run() starts
+    _loop: asyncio.AbstractEventLoop
+    _started: float
+    _deadline: float
+    _stop: asyncio.Event
+    _state: _State
+    _requests: list[Request]
+    _fatal: BaseException | None = None  # a failure that ends calibration (401/403/404)
+
     def __init__(self, client: SGLangClient, bodies: list[dict[str, Any]], levels: list[int], *,
                  durations: list[float], budget_s: float, max_failures: int | None = None,
                  on_status: Callable[[SweepStatus], None] | None = None) -> None:
@@ -271,9 +282,8 @@ class Sweep:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        fatal = getattr(self, "_fatal", None)
-        if fatal is not None:
-            raise fatal
+        if self._fatal is not None:
+            raise self._fatal
 
     def _report(self) -> None:
         if self.on_status is None:

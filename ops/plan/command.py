@@ -10,6 +10,7 @@ import click
 import msgspec
 from rich.console import Console
 
+from consumer.sglang_client import ServerMisconfigured
 from ops.plan.build import Costing
 from ops.plan.report import render
 from ops.plan.runner import PlanError, PlanOptions, make_plan
@@ -17,7 +18,9 @@ from producer.errors import ProducerError
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.settings import Settings
 
-register_known_error(PlanError, ProducerError)
+# one line for the operator, no traceback: the server refused every request
+# (401/403/404), or the plan cannot be made, or the inputs are unreadable
+register_known_error(PlanError, ProducerError, ServerMisconfigured)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
 _UNITS = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}

@@ -8,6 +8,8 @@ the plan showed.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from schemas.plan import Curve, Plan, Prediction
 from schemas.run import Estimate
 from tokenmill.forecast import makespan
@@ -77,3 +79,19 @@ def run_estimate(plan: Plan, *, max_tokens: int, gpus: int,
                     concurrency=concurrency,
                     tokens_per_s=tokens_per_s(calibration.curve, concurrency) * gpus,
                     cost=p.cost, source="plan")
+
+
+def input_differences(plan: Plan, files: tuple[Path, ...], multi_turn: str,
+                      tools: str) -> list[str]:
+    """What a run reads differently from what its plan read (warnings)."""
+    out = []
+    planned = sorted((f.name.rsplit("/", 1)[-1], f.size) for f in plan.dataset.inputs)
+    given = sorted((f.name, f.stat().st_size) for f in files if f.is_file())
+    if planned != given:
+        out.append("the plan was made for other input files (names or sizes differ); "
+                   "its estimate is stored anyway")
+    if (plan.dataset.multi_turn, plan.dataset.tools) != (multi_turn, tools):
+        out.append(f"the plan read the data with --multi-turn {plan.dataset.multi_turn} "
+                   f"--tools {plan.dataset.tools}; this run uses --multi-turn {multi_turn} "
+                   f"--tools {tools}")
+    return out

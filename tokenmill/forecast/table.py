@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from schemas.plan import Prediction
+from schemas.run import Estimate
+from tokenmill.forecast import makespan
 
 
 def duration_text(hours: float) -> str:
@@ -47,3 +52,30 @@ def predictions_table(predictions: Sequence[Prediction], *, prompts: int, gpus: 
             f"{p.requests_per_s:,.2f}", duration_text(p.hours), f"{p.gpu_hours:,.1f}",
             cost_text(p.cost))
     return table
+
+
+def forecast(estimate: Estimate, *, prompts: int, gpus: int, gpu_hour_cost: float,
+             max_tokens: int) -> Group | Text:
+    """A run's estimate as hours, tokens and cost for its prompts (what
+    `produce` prints after reading them)."""
+    rps = estimate.requests_per_s
+    if not rps:
+        return Text("")
+    if estimate.output_tokens is None:
+        return Text(f"forecast: {prompts:,} prompts at {rps:,.2f} requests/s take "
+                    f"{duration_text(prompts / rps / 3600)} (give --estimate-output-tokens "
+                    "for tokens and cost)")
+    p = makespan.from_rates(prompts=prompts, requests_per_s=rps,
+                            output_tokens=estimate.output_tokens, gpus=gpus,
+                            gpu_hour_cost=gpu_hour_cost)
+    p = msgspec.structs.replace(p, max_tokens=max_tokens,
+                                truncated_share=estimate.truncated_share)
+    source = ("the plan" if estimate.source == "plan"
+              else "--estimate-rps / --estimate-output-tokens")
+    parts: list[Table | Text] = [predictions_table(
+        [p], prompts=prompts, gpus=gpus, gpu_hour_cost=gpu_hour_cost,
+        title=f"forecast from {source}: {prompts:,} prompts on {gpus} GPU(s)")]
+    if estimate.concurrency:
+        parts.append(Text(f"the plan assumes --concurrency {estimate.concurrency} per worker "
+                          f"({estimate.tokens_per_s or 0:,.0f} output tokens/s in all)"))
+    return Group(*parts)
