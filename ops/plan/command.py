@@ -129,7 +129,7 @@ def plan(settings: Settings, files: tuple[Path, ...], sglang_url: str | None, sa
         max_concurrency=max_concurrency, model=model, thinking=thinking,
         api_key=os.environ.get("TOKENMILL_SGLANG_API_KEY") or None,
         estimate_rps=estimate_rps, estimate_output_tokens=estimate_output_tokens,
-        show_progress=show_progress)
+        show_progress=show_progress, scratch=settings.state_dir / "plan")
     err = Console(stderr=True)
     result = make_plan(options, err)
     encoded = msgspec.json.encode(result)

@@ -43,19 +43,23 @@ class DatasetSample:
 
 
 def read_sample(files: list[Path], *, multi_turn: MultiTurnPolicy, tools: ToolMode,
-                size: int, seed: int,
+                size: int, seed: int, scratch: Path | None = None,
                 progress: Callable[[int, int], None] | None = None,
                 total_bytes: Callable[[int], None] | None = None) -> DatasetSample:
     """Count every prompt of the files and sample `size` of them.
 
-    `total_bytes(n)` is called once with the input size, `progress(bytes,
-    records)` while reading (for a progress bar)."""
+    The spool (about the size of the normalized prompts) goes to a temporary
+    directory under `scratch` (the system's temporary directory if None) and
+    is removed at the end. `total_bytes(n)` is called once with the input
+    size, `progress(bytes, records)` while reading (for a progress bar)."""
     sources = resolve(files)
     inputs = tuple(fingerprint(s) for s in sources)
     if total_bytes is not None:
         total_bytes(sum(f.size for f in inputs))
-    with tempfile.TemporaryDirectory(prefix="tokenmill-plan-") as scratch:
-        directory = Path(scratch)
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tokenmill-plan-", dir=scratch) as temporary:
+        directory = Path(temporary)
         spool = SpoolWriter(directory / "spool")
         rejects = RejectsFile(directory / "rejects.jsonl")
         try:

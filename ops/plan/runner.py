@@ -60,6 +60,7 @@ class PlanOptions:
     estimate_rps: float | None = None
     estimate_output_tokens: float | None = None
     show_progress: bool | None = None
+    scratch: Path | None = None  # where the reading spool goes (<state-dir>/plan)
 
 
 def make_plan(options: PlanOptions, err: Console) -> Plan:
@@ -111,7 +112,7 @@ def _read(options: PlanOptions, err: Console) -> DatasetSample:
 
         return read_sample(list(options.files), multi_turn=options.multi_turn,
                            tools=options.tools, size=options.sample_size, seed=options.seed,
-                           progress=progress, total_bytes=total)
+                           scratch=options.scratch, progress=progress, total_bytes=total)
 
 
 @contextlib.contextmanager

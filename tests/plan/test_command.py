@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,8 +34,13 @@ FILES = [str(p) for p in sorted(SAMPLE_DIR.iterdir())]
 PROMPTS = 224  # what produce publishes from the bundled sample (3 rejected, 1 duplicate)
 
 
+# plan's reading spool goes under the state dir: keep it out of the working tree
+STATE_DIR = tempfile.mkdtemp(prefix="tokenmill-plan-tests-")
+
+
 def invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    result = CliRunner(env={"TOKENMILL_STATE_DIR": STATE_DIR}).invoke(cli, list(args),
+                                                                      catch_exceptions=False)
     return result.exit_code, result.output
 
 
@@ -130,7 +136,7 @@ def test_ctrl_c_stops_with_what_was_measured(tmp_path: Path) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tokenmill.cli", "plan", *FILES, "--sglang-url", url,
              "--sample", "100", "--time-budget", "10m", "--json", "--no-progress",
-             "--log-format", "json"],
+             "--log-format", "json", "--state-dir", str(tmp_path)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert proc.stderr is not None
