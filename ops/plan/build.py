@@ -195,8 +195,10 @@ def _sweep_notes(sample: DatasetSample, sweep: SweepResult, answers: list[Answer
     notes = []
     if sweep.interrupted:
         notes.append("interrupted (Ctrl-C): this plan is what was measured until then")
+    errors = [r.error for r in sweep.requests if r.outcome == "failed"]
     if sweep.stopped_for_failures:
-        notes.append("calibration stopped: too many failed requests (see the log)")
+        notes.append(f"calibration stopped: {len(errors)} requests failed (first error: "
+                     f"{errors[0][:160] if errors else '-'})")
     unfinished = sum(1 for a in answers if a.outcome == "unfinished")
     if unfinished:
         notes.append(f"{unfinished} sample answers were still running at the end; they count "
@@ -204,6 +206,14 @@ def _sweep_notes(sample: DatasetSample, sweep: SweepResult, answers: list[Answer
                      "measure them)")
     if sweep.unsent:
         notes.append(f"{sweep.unsent} of {len(sample.prompts)} sample prompts were never sent")
+    answered = {r.sample for r in sweep.requests
+                if not r.repeat and r.outcome not in ("failed", "rejected")}
+    failed = {r.sample: r.error for r in sweep.requests
+              if not r.repeat and r.outcome == "failed" and r.sample not in answered}
+    if failed:
+        first = next(iter(failed.values()))
+        notes.append(f"{len(failed)} sample prompts failed on every attempt (first error: "
+                     f"{first[:160]}); they are not in the lengths")
     rejected = {r.sample: r.error for r in sweep.requests if r.outcome == "rejected"}
     if rejected:
         first = next(iter(rejected.values()))

@@ -175,3 +175,14 @@ def test_low_levels_get_the_shorter_durations() -> None:
     assert sum(durations) == pytest.approx(60.0)
     assert durations == sorted(durations)
     assert durations[3] / durations[0] == pytest.approx(8.0)
+
+
+def test_a_failing_server_stops_calibration_and_says_why(sample: DatasetSample) -> None:
+    config = SimulatorConfig(error_rate=1.0, error_status=500, time_scale=100.0)
+    with running_simulator(config) as url:
+        result = sweep(url, sample, [4, 8], level_seconds=2.0, budget_s=30.0)
+    assert result.stopped_for_failures and result.ended - result.started < 20
+    plan = plan_of(sample, result, url, 30.0)
+    assert plan.predictions == ()
+    assert plan.notes[0].startswith("calibration stopped:") and "HTTP 500" in plan.notes[0]
+    assert any("failed on every attempt" in n for n in plan.notes)
