@@ -61,6 +61,7 @@ def summarize(spec: RunSpec, state: RunProgress, now: float | None = None) -> di
     estimate = spec.estimate
     est_rps = estimate.requests_per_s if estimate else None
     est_tokens = estimate.output_tokens if estimate else None
+    completions_done = sum(finish.values())
     per_instance = []
     for c in sorted(consumers, key=lambda c: c.instance):
         span = c.updated_at - c.started_at if c.started_at else 0.0
@@ -96,6 +97,12 @@ def summarize(spec: RunSpec, state: RunProgress, now: float | None = None) -> di
         "eta_s": remaining / req_rate if req_rate > 0 else None,
         "estimate_requests_per_s": est_rps,
         "estimate_output_tokens": est_tokens,
+        "estimate_truncated_share": estimate.truncated_share if estimate else None,
+        "estimate_tokens_per_s": estimate.tokens_per_s if estimate else None,
+        "estimate_hours": estimate.hours if estimate else None,
+        "estimate_concurrency": estimate.concurrency if estimate else None,
+        "estimate_source": estimate.source if estimate else None,
+        "truncated_share": finish.get("length", 0) / completions_done if completions_done else None,
         "mean_output_tokens": completion_tokens / completions if completions else None,
         "reasoning_share": (state.consumer_total("reasoning_tokens") / completion_tokens
                             if completion_tokens else None),
@@ -132,7 +139,8 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
                    _pct(s["persisted"], total),
                    f"{s['s3_records']:,} in S3, {s['dlq_records']:,} in DLQ")
 
-    speed = Table(title="speed vs estimate", expand=True)
+    source = {"plan": " (from the plan)", "flags": ""}.get(s["estimate_source"] or "flags", "")
+    speed = Table(title=f"speed vs estimate{source}", expand=True)
     for column in ("", "now", "estimate", "ratio"):
         speed.add_column(column)
     est_rps = s["estimate_requests_per_s"]
@@ -144,7 +152,16 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
     speed.add_row("tokens/completion", f"{mean_tok:,.0f}" if mean_tok else "-",
                   f"{est_tok:,.0f}" if est_tok else "-",
                   f"{mean_tok / est_tok:.2f}x" if mean_tok and est_tok else "-")
-    speed.add_row("output tokens/s", f"{s['tokens_per_s']:,.0f}", "-", "-")
+    est_tok_s = s["estimate_tokens_per_s"]
+    speed.add_row("output tokens/s", f"{s['tokens_per_s']:,.0f}",
+                  f"{est_tok_s:,.0f}" if est_tok_s else "-",
+                  f"{s['tokens_per_s'] / est_tok_s:.2f}x" if est_tok_s else "-")
+    truncated, est_truncated = s["truncated_share"], s["estimate_truncated_share"]
+    if est_truncated is not None:
+        speed.add_row("truncated (length)", _pct(truncated, 1) if truncated is not None else "-",
+                      _pct(est_truncated, 1), "")
+    if s["estimate_concurrency"]:
+        speed.add_row("concurrency per GPU", "", str(s["estimate_concurrency"]), "")
     eta_estimate = (total - s["generated"]) / est_rps if est_rps else None
     speed.add_row("ETA", _duration(s["eta_s"]), _duration(eta_estimate), "")
     speed.add_row("elapsed", _duration(s["elapsed_s"]), "", "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import msgspec
 from rich.console import Console
 
 from producer.errors import ProducerError
@@ -19,8 +20,13 @@ from schemas.run import (
     RunSpec,
     S3Destination,
 )
+from schemas.plan import Plan, plan_decoder
 from tokenmill.commandline import register_known_error, service_command
+from tokenmill.forecast.estimate import PlanMismatch, input_differences, run_estimate
+from tokenmill.forecast.table import forecast
 from tokenmill.settings import Settings
+
+DEFAULT_GPU_HOUR_COST = 4.5
 
 register_known_error(ProducerError)
 
@@ -59,6 +65,12 @@ def parse_dlq_reasons(value: str | None) -> QAPolicy:
               help="Expected requests/s, to compare progress against.")
 @click.option("--estimate-output-tokens", type=click.FloatRange(min=0.0, min_open=True),
               default=None, help="Expected output tokens per completion.")
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path), default=None,
+              help="A `tokenmill plan` JSON file: its prediction for this run's max_tokens "
+                   "and GPUs becomes the estimate (instead of --estimate-*).")
+@click.option("--gpu-hour-cost", type=click.FloatRange(min=0.0), default=None,
+              help=f"Price of a GPU-hour for the forecast [default: the plan's, else "
+                   f"{DEFAULT_GPU_HOUR_COST}].")
 @click.option("--dlq-reasons", default=None,
               help=f"Comma list of outcomes sent to the DLQ [default: all of "
                    f"{','.join(sorted(DLQ_REASONS))}].")
@@ -79,7 +91,8 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
             partitions_per_gpu: int, multi_turn: str, tool_mode: str, model: str,
             max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
             thinking: bool, estimate_rps: float | None, estimate_output_tokens: float | None,
-            dlq_reasons: str | None, parent_run: str | None, s3_compression: str,
+            plan_path: Path | None, gpu_hour_cost: float | None, dlq_reasons: str | None,
+            parent_run: str | None, s3_compression: str,
             rejects_path: Path | None, strict: bool, dry_run: bool, transaction_records: int,
             show_progress: bool | None) -> None:
     """Normalize prompt files and publish them to a new run, exactly once.
@@ -107,11 +120,38 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
           if settings.s3_bucket else None)
     estimate = (Estimate(requests_per_s=estimate_rps, output_tokens=estimate_output_tokens)
                 if estimate_rps is not None or estimate_output_tokens is not None else None)
+    err = Console(stderr=True)
+    price = DEFAULT_GPU_HOUR_COST if gpu_hour_cost is None else gpu_hour_cost
+    if plan_path is not None:
+        if estimate is not None:
+            raise click.UsageError("give --plan or --estimate-rps/--estimate-output-tokens, "
+                                   "not both")
+        plan = load_plan(plan_path)
+        price = plan.assumptions.gpu_hour_cost if gpu_hour_cost is None else gpu_hour_cost
+        for warning in input_differences(plan, files, multi_turn, tool_mode):
+            err.print(f"[yellow]warning: {warning}[/]")
+        try:
+            estimate = run_estimate(plan, max_tokens=max_tokens, gpus=gpus, gpu_hour_cost=price)
+        except PlanMismatch as exc:
+            raise click.BadParameter(f"{plan_path}: {exc}", param_hint="--plan") from None
     spec = RunSpec(run_id=run_id, partitions=gpus * partitions_per_gpu, generation=generation,
                    multi_turn=multi_turn,  # type: ignore[arg-type]
                    qa=parse_dlq_reasons(dlq_reasons), s3=s3, parent_run=parent_run,
                    estimate=estimate)
     out = Console() if Console().is_terminal else Console(width=160)
-    run_producer(settings, ProduceOptions(
+    outcome = run_producer(settings, ProduceOptions(
         files=files, spec=spec, rejects_path=rejects_path, strict=strict, dry_run=dry_run,
-        transaction_records=transaction_records, show_progress=show_progress), out=out)
+        transaction_records=transaction_records, show_progress=show_progress), out=out, err=err)
+    if spec.estimate is not None and outcome.total:
+        out.print(forecast(spec.estimate, prompts=outcome.total, gpus=gpus, gpu_hour_cost=price,
+                           max_tokens=max_tokens))
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        return plan_decoder.decode(path.read_bytes())
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: {exc.strerror or exc}", param_hint="--plan") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise click.BadParameter(f"{path}: not a tokenmill plan ({exc})",
+                                 param_hint="--plan") from None

@@ -16,6 +16,7 @@ import msgspec
 from schemas.progress import Progress
 from schemas.completion import CompletionRecord
 from schemas.dlq import DeadLetter
+from schemas.plan import Plan
 from schemas.prompt import PromptRecord
 from schemas.run import RunSpec
 from schemas.sample import TrainingSample
@@ -29,6 +30,7 @@ RECORDS: dict[str, Any] = {
     "dead-letter": DeadLetter,
     "training-sample": TrainingSample,
     "progress": Progress,
+    "plan": Plan,
 }
 
 

@@ -58,8 +58,20 @@ class QAPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Estimate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    requests_per_s: float | None = None
-    output_tokens: float | None = None
+    """What `tokenmill status` compares a run against. Set from the
+    `--estimate-*` flags (the first two fields only) or from a plan
+    (`produce --plan`). Fields after the first two were added later; specs
+    written before decode with them unset."""
+
+    requests_per_s: float | None = None  # all GPUs together
+    output_tokens: float | None = None  # per completion
+    truncated_share: float | None = None  # share cut at the run's max_tokens
+    hours: float | None = None  # for the planned dataset, on `gpus` GPUs
+    gpus: int | None = None
+    concurrency: int | None = None  # per GPU, the plan's recommendation
+    tokens_per_s: float | None = None  # output tokens/s, all GPUs together
+    cost: float | None = None  # gpus x hours x the plan's price per GPU-hour
+    source: Literal["flags", "plan"] | None = None
 
 
 class S3Destination(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "spot-check": "ops.spot_check:spot_check",
     "dataset": "ops.dataset.command:dataset",
     "export": "ops.export.command:export",
+    "plan": "ops.plan.command:plan",
     "demo": "tokenmill.demo:demo",
     "deploy": "ops.deploy:deploy",
 }
