@@ -39,14 +39,14 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.consume_sides import Side, plain_loop, setup_run, tokenmill_side  # noqa: E402
-from bench.figures import Figure, Recorder, console_table, ratio  # noqa: E402
-from bench.services import bench_settings  # noqa: E402
-from schemas import GenerationSettings  # noqa: E402
-from tokenmill import log  # noqa: E402
-from tokenmill.settings import Settings  # noqa: E402
-from tokenmill.simulator import SimulatorConfig  # noqa: E402
-from tokenmill.simulator.runner import SimulatorProcess  # noqa: E402
+from bench.consume_sides import Side, plain_loop, setup_run, tokenmill_side
+from bench.figures import Figure, Recorder, console_table, ratio
+from bench.services import bench_settings
+from schemas import GenerationSettings
+from tokenmill import log
+from tokenmill.settings import Settings
+from tokenmill.simulator import SimulatorConfig
+from tokenmill.simulator.runner import SimulatorProcess
 
 console = Console(width=200)
 
@@ -80,7 +80,7 @@ class TokenRate:
                         self.samples.append((time.monotonic(), float(line.rsplit(" ", 1)[1])))
             time.sleep(0.25)
 
-    def __enter__(self) -> TokenRate:
+    def __enter__(self) -> TokenRate:  # noqa: PYI034
         self._thread.start()
         return self
 

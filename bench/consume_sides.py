@@ -24,7 +24,7 @@ import msgspec
 from confluent_kafka import TopicPartition
 
 from bench.services import ROOT, child_env, tokenmill_argv
-from bench.timing import DeliveredEnds, Launched, CommittedReached, wait_until
+from bench.timing import CommittedReached, DeliveredEnds, Launched, wait_until
 from consumer.sglang_client import request_body
 from schemas import GenerationSettings, Message, PromptRecord, RunSpec, decode_completion
 from schemas.progress import ProducerCheckpoint, producer_key

@@ -28,6 +28,7 @@ class Exited:
     cpu_s: float  # user + system, every thread, launch to exit
     peak_rss_bytes: int
     stdout: str
+    ended_at: float  # wall clock (epoch) when it was seen to exit, within 50 ms
 
 
 class Launched:
@@ -37,7 +38,7 @@ class Launched:
     def __init__(self, argv: list[str], *, env: Mapping[str, str], log: Path,
                  cwd: Path | None = None, cores: set[int] | None = None) -> None:
         self.log = log
-        self._out = tempfile.TemporaryFile()
+        self._out = tempfile.TemporaryFile()  # noqa: SIM115 - closed at exit
         self._err = log.open("wb")
         self.launched_at = time.time()
         self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=self._out,
@@ -58,7 +59,8 @@ class Launched:
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
                 self._out.seek(0)
                 self._exited = Exited(self.proc.returncode, usage.ru_utime + usage.ru_stime,
-                                      usage.ru_maxrss * 1024, self._out.read().decode())
+                                      usage.ru_maxrss * 1024, self._out.read().decode(),
+                                      time.time())
                 self._out.close()
                 self._err.close()
                 break
