@@ -134,7 +134,8 @@ def bench_a(settings: Settings, n: int, work: Path) -> Figure:
         method=METHOD, tokenmill_wall_s=round(ours.wall_s, 2), baseline_wall_s=round(base.wall_s, 2),
         tokenmill_cpu_s=round(ours.cpu_s, 1), baseline_cpu_s=round(base.cpu_s, 1),
         details={"partitions": 8, "concurrency": concurrency,
-                 "worker_flags": " ".join(WORKER_FLAGS)})
+                 "worker_flags": " ".join(WORKER_FLAGS),
+                 **({"notes": ours.notes} if ours.notes else {})})
 
 
 def saturation_baseline(n: int, work: Path) -> tuple[Side, float]:
@@ -156,6 +157,7 @@ def tokens_figure(name: str, ours: Side, ours_steady: float, base: Side, base_st
                  "baseline_tokens": base.completion_tokens,
                  "steady_state_tok_s_tokenmill": ours_steady,
                  "steady_state_tok_s_baseline": base_steady,
+                 **({"notes": ours.notes} if ours.notes else {}),
                  "steady_state_method": "server's sglang:generation_tokens_total, middle 80% "
                                         "of the active window (diagnosis, not the verdict)",
                  **extra})

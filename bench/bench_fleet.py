@@ -92,7 +92,8 @@ def makespan_case(settings: Settings, name: str, rates: list[float], n: int, tar
                   baseline_cpu_s=round(base.cpu_s, 1),
                   details={"decode_rates": rates, "time_scale": TIME_SCALE,
                            "partitions": PARTITIONS_PER_GPU * len(urls),
-                           "worker_flags": " ".join(WORKER_FLAGS)})
+                           "worker_flags": " ".join(WORKER_FLAGS),
+                           **({"notes": ours.notes} if ours.notes else {})})
 
 
 def handover_case(settings: Settings, n: int, work: Path) -> Figure:

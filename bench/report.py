@@ -28,7 +28,7 @@ HEADER = ("| benchmark | tokenmill (wall clock) | baseline, same run (wall clock
 
 
 def number(value: float) -> str:
-    if value == int(value) and abs(value) >= 100:
+    if value == int(value):
         return f"{int(value):,}"
     return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
 
@@ -62,6 +62,10 @@ def render(results: dict[str, Results]) -> str:
     rows = [row(f) for _, r in runs for f in r.figures]
     note = "Ratio = tokenmill / baseline. Raw results and the runs behind them:"
     lines = [HEADER, *rows, "", note, "", *(run_line(name, r) for name, r in runs)]
+    remarks = [f"- {f.name}: {text}" for _, r in runs for f in r.figures
+               for text in f.details.get("notes", [])]
+    if remarks:
+        lines += ["", "Seen during these runs:", "", *remarks]
     return "\n".join(lines)
 
 

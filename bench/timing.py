@@ -49,6 +49,7 @@ class Launched:
             except OSError:
                 pass
         self._exited: Exited | None = None
+        self.killed = False
 
     def poll_exit(self, timeout_s: float = 0.0) -> Exited | None:
         """The exit (with its rusage) once the child has ended; None while it runs."""
@@ -70,12 +71,21 @@ class Launched:
         return self._exited
 
     def wait(self, timeout_s: float) -> Exited:
-        exited = self.poll_exit(timeout_s)
-        if exited is None:
-            self.proc.kill()
-            exited = self.poll_exit(30)
+        exited = self.wait_or_kill(timeout_s)
+        if self.killed:
             raise RuntimeError(f"{self.proc.args[:4]} did not exit within {timeout_s:.0f}s; "
                                f"log: {self.log}")
+        return exited
+
+    def wait_or_kill(self, timeout_s: float) -> Exited:
+        """The exit; a child still running after `timeout_s` is killed
+        (`killed` tells) and its rusage read all the same."""
+        exited = self.poll_exit(timeout_s)
+        if exited is None:
+            self.killed = True
+            self.proc.kill()
+            exited = self.poll_exit(30)
+            assert exited is not None
         return exited
 
     def kill(self) -> None:

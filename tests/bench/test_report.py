@@ -85,3 +85,9 @@ def test_only_the_marked_section_is_replaced() -> None:
     assert report.replace_block(readme, "new") == f"intro\n{report.START}\nnew\n{report.END}\noutro\n"
     with pytest.raises(SystemExit):
         report.replace_block("no markers", "new")
+
+
+def test_what_a_run_noticed_is_listed_under_the_table() -> None:
+    results = _results(details={"notes": ["worker w2 did not exit; killed"]})
+    assert "- sink, small records: worker w2 did not exit; killed" in report.render(
+        {"sink.json": results})
