@@ -3,8 +3,11 @@ stopping worker hand over?
 
 Each case runs on three simulated GPUs (`tokenmill sim-sglang` processes,
 --time-scale 10, --max-running-requests 32), 1,200 prompts, max_tokens 4096,
-32 requests in flight per worker. Both sides are timed the same way: wall
-clock from launch to the last committed result.
+32 requests in flight per worker. Both sides are timed the same way
+(bench/consume_sides.py), each in its own processes: wall clock from launch
+to the last committed result (tokenmill: start-up, group join and final
+commit included) or to the last answer (the baseline); CPU seconds of each
+side's processes are reported apart.
 
 (a) mixed fleet, decode rates 60 / 60 / 20 tok/s: tokenmill's makespan (3
     `tokenmill consume` processes, one run of 12 partitions) divided by the
@@ -16,47 +19,46 @@ clock from launch to the last committed result.
 
     python bench/bench_fleet.py [--prompts 1200] [--only a,b,c] [--out bench/results/fleet.json]
 
-Kafka comes from TOKENMILL_BOOTSTRAP_SERVERS if set, else a private dev stack.
+Kafka comes from TOKENMILL_BOOTSTRAP_SERVERS (and the other TOKENMILL_* variables) if
+set, else a private dev stack whose broker has tokenmill/deploy/kafka/server.properties' KIP-848
+settings.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
 import signal
-import subprocess
 import sys
+import tempfile
 import time
-import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import aiohttp
-from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_consumer import prompts_for, setup_run  # noqa: E402
-from bench.services import bench_settings  # noqa: E402
-from consumer.sglang_client import request_body  # noqa: E402
-from schemas import GenerationSettings, PromptRecord  # noqa: E402
-from tokenmill import groups, kafka_clients, topics  # noqa: E402
-from tokenmill.devstack.processes import free_port  # noqa: E402
-from tokenmill.settings import Settings  # noqa: E402
-from tokenmill.simulator import SimulatorConfig  # noqa: E402
-from tokenmill.simulator.runner import SimulatorProcess  # noqa: E402
+from bench.consume_sides import consume_argv, plain_loop, setup_run, tokenmill_side
+from bench.figures import Figure, Recorder, console_table, ratio
+from bench.services import bench_settings, child_env
+from bench.timing import Launched
+from schemas import GenerationSettings
+from tokenmill import groups, kafka_clients, log, topics
+from tokenmill.devstack.processes import free_port
+from tokenmill.settings import Settings
+from tokenmill.simulator import SimulatorConfig
+from tokenmill.simulator.runner import SimulatorProcess
 
-console = Console()
+console = Console(width=200)
 
 TIME_SCALE = 10.0
 CONCURRENCY = 32
 MAX_TOKENS = 4096
 PARTITIONS_PER_GPU = 4
+WORKER_FLAGS = ("--concurrency", str(CONCURRENCY), "--session-timeout", "6")
+METHOD = ("wall clock, first launch to the group's commit of the last prompt (3 `tokenmill "
+          "consume` processes) / launch to the last answer (plain loop, its own process, one "
+          "shared queue over the 3 servers, same request bodies)")
 
 
 def gpu(decode_rate: float) -> SimulatorConfig:
@@ -64,130 +66,51 @@ def gpu(decode_rate: float) -> SimulatorConfig:
                            decode_rate=decode_rate, prefill_rate=0)
 
 
-@dataclass
-class Figure:
-    name: str
-    tokenmill: float
-    baseline: float | None
-    ratio: float | None
-    target: str
-    met: bool
-    method: str
-
-
-# -- the baseline: the seed's loop, one shared queue over every server -------------
-
-async def shared_queue(urls: list[str], prompts: list[PromptRecord], concurrency: int,
-                       generation: GenerationSettings) -> float:
-    """Seconds from start to the last answer: each server pulls the next
-    prompt from one shared queue, `concurrency` at a time."""
-    queue: asyncio.Queue[PromptRecord] = asyncio.Queue()
-    for prompt in prompts:
-        queue.put_nowait(prompt)
-    started = time.monotonic()
-    last = started
-    timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        async def lane(url: str) -> None:
-            nonlocal last
-            while True:
-                try:
-                    prompt = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                async with session.post(f"{url}/v1/chat/completions",
-                                        json=request_body(prompt, generation)) as response:
-                    await response.read()
-                last = max(last, time.monotonic())
-
-        await asyncio.gather(*(lane(url) for url in urls for _ in range(concurrency)))
-    return last - started
-
-
-# -- tokenmill -----------------------------------------------------------------------
-
-def worker_argv(settings: Settings, run_id: str, url: str, instance: str) -> list[str]:
-    return [sys.executable, "-m", "tokenmill.cli", "consume", "--run", run_id,
-            "--sglang-url", url, "--instance", instance, "--concurrency", str(CONCURRENCY),
-            "--bootstrap-servers", settings.bootstrap_servers, "--until-done",
-            "--session-timeout", "6", "--log-format", "json"]
-
-
-def start_workers(settings: Settings, run_id: str, urls: list[str],
-                  logs: Path) -> list[subprocess.Popen[bytes]]:
-    procs = []
-    for i, url in enumerate(urls):
-        log_file = open(logs / f"{run_id}-w{i}.log", "wb")  # noqa: SIM115
-        procs.append(subprocess.Popen(worker_argv(settings, run_id, url, f"w{i}"),
-                                      stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)}))
-    return procs
-
-
-def last_commit_time(settings: Settings, run_id: str) -> tuple[int, float]:
-    """(records, broker timestamp of the last committed record, epoch seconds)."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,
-                         "group.id": f"bench-read-{uuid.uuid4().hex[:6]}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
-    topic = topics.completions_topic(run_id)
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    remaining, count, last = set(parts), 0, 0.0
-    while remaining:
-        for m in consumer.consume(1000, timeout=1):
-            if m.error():
-                remaining.discard(m.partition())
-                continue
-            count += 1
-            last = max(last, m.timestamp()[1] / 1000)
-    consumer.close()
-    return count, last
-
-
-def tokenmill_makespan(settings: Settings, urls: list[str], n: int, logs: Path) -> float:
-    spec = setup_run(settings, n, PARTITIONS_PER_GPU * len(urls), MAX_TOKENS)
-    launched = time.time()
-    procs = start_workers(settings, spec.run_id, urls, logs)
-    codes = [p.wait(1800) for p in procs]
-    if codes != [0] * len(procs):
-        raise RuntimeError(f"workers exited with {codes}; logs in {logs}")
-    count, last = last_commit_time(settings, spec.run_id)
-    if count != n:
-        raise RuntimeError(f"{count} committed records for {n} prompts")
-    return last - launched
-
-
 def makespan_case(settings: Settings, name: str, rates: list[float], n: int, target: float,
-                  logs: Path) -> Figure:
+                  work: Path) -> Figure:
     sims = [SimulatorProcess(gpu(rate), port=free_port()) for rate in rates]
     urls = [sim.start() for sim in sims]
     try:
         generation = GenerationSettings(model="sim", max_tokens=MAX_TOKENS)
-        baseline = asyncio.run(shared_queue(urls, prompts_for("base", n), CONCURRENCY,
-                                            generation))
-        console.print(f"  {name}: shared-queue loop {baseline:.1f}s")
-        ours = tokenmill_makespan(settings, urls, n, logs)
-        console.print(f"  {name}: tokenmill {ours:.1f}s")
+        base = plain_loop(urls, n, CONCURRENCY, generation, work)
+        console.print(f"  {name}: shared-queue loop {base.wall_s:.1f}s")
+        run = setup_run(settings, n, PARTITIONS_PER_GPU * len(urls), MAX_TOKENS)
+        ours = tokenmill_side(settings, run, urls, work, *WORKER_FLAGS)
+        console.print(f"  {name}: tokenmill {ours.wall_s:.1f}s")
     finally:
         for sim in sims:
             sim.terminate()
-    ratio = ours / baseline
-    return Figure(name, round(ours, 2), round(baseline, 2), round(ratio, 3), f"<= {target}",
-                  ratio <= target, "wall clock, launch to last committed result; "
-                  "baseline: start to last answer")
+    if ours.answers != n:
+        raise RuntimeError(f"{ours.answers} committed results for {n} prompts")
+    share = ratio(ours.wall_s, base.wall_s)
+    return Figure(name=f"{name}, {n:,} prompts, makespan", unit="s",
+                  tokenmill=round(ours.wall_s, 2), baseline=round(base.wall_s, 2),
+                  baseline_name="plain asyncio loop, one shared queue over the 3 servers",
+                  ratio=share, target=f"<= {target} x baseline", met=share <= target,
+                  method=METHOD, tokenmill_wall_s=round(ours.wall_s, 2),
+                  baseline_wall_s=round(base.wall_s, 2), tokenmill_cpu_s=round(ours.cpu_s, 1),
+                  baseline_cpu_s=round(base.cpu_s, 1),
+                  details={"decode_rates": rates, "time_scale": TIME_SCALE,
+                           "partitions": PARTITIONS_PER_GPU * len(urls),
+                           "worker_flags": " ".join(WORKER_FLAGS),
+                           **({"notes": ours.notes} if ours.notes else {})})
 
 
-def handover_case(settings: Settings, n: int, logs: Path) -> Figure:
+def handover_case(settings: Settings, n: int, work: Path) -> Figure:
     """SIGTERM one of three workers once every worker owns partitions;
     seconds until none of its partitions is without another owner."""
     sims = [SimulatorProcess(gpu(60.0), port=free_port()) for _ in range(3)]
     urls = [sim.start() for sim in sims]
     admin = kafka_clients.admin(settings)
+    procs: list[Launched] = []
     try:
-        spec = setup_run(settings, n, PARTITIONS_PER_GPU * 3, MAX_TOKENS)
+        run = setup_run(settings, n, PARTITIONS_PER_GPU * 3, MAX_TOKENS)
+        spec = run.spec
         group, topic = topics.generate_group(spec.run_id), topics.prompts_topic(spec.run_id)
-        procs = start_workers(settings, spec.run_id, urls, logs)
+        env = child_env(settings)
+        procs = [Launched(consume_argv(spec.run_id, url, f"w{i}", *WORKER_FLAGS), env=env,
+                          log=work / f"{spec.run_id}-w{i}.log", cwd=ROOT)
+                 for i, url in enumerate(urls)]
 
         def owners() -> dict[int, str]:
             state = groups.describe(admin, group, topic)
@@ -201,7 +124,7 @@ def handover_case(settings: Settings, n: int, logs: Path) -> Figure:
         time.sleep(5)  # steady state, requests in flight
         had = {p for p, w in owners().items() if w == "w2"}
         stopped = time.monotonic()
-        procs[2].send_signal(signal.SIGTERM)
+        procs[2].proc.send_signal(signal.SIGTERM)
         while True:
             now = owners()
             if all(now.get(p) not in (None, "w2") for p in had):
@@ -212,14 +135,18 @@ def handover_case(settings: Settings, n: int, logs: Path) -> Figure:
             time.sleep(0.05)
         procs[2].wait(60)
         for p in procs[:2]:
-            p.send_signal(signal.SIGTERM)
+            p.proc.send_signal(signal.SIGTERM)
             p.wait(120)
     finally:
+        for p in procs:
+            p.kill()
         for sim in sims:
             sim.terminate()
-    return Figure("(c) SIGTERM hand-over, s", round(seconds, 2), None, None, "<= 5",
-                  seconds <= 5, f"SIGTERM to every one of its {len(had)} partitions owned "
-                  "by another worker (admin describe, 50 ms polls)")
+    return Figure(name="fleet (c) SIGTERM hand-over", unit="s", tokenmill=round(seconds, 2),
+                  baseline=None, baseline_name=None, ratio=None, target="<= 5 s",
+                  met=seconds <= 5,
+                  method=f"wall clock, SIGTERM to every one of the worker's {len(had)} partitions "
+                         "owned by another worker (admin describe, 50 ms polls)")
 
 
 def main() -> None:
@@ -227,35 +154,25 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=1200)
     parser.add_argument("--only", default="a,b,c")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write the raw results (JSON)")
     args = parser.parse_args()
     only = set(args.only.split(","))
+    log.configure("warning", "console")
+    recorder = Recorder("bench_fleet")
     figures: list[Figure] = []
-    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-fleet-{uuid.uuid4().hex[:6]}"
-    logs.mkdir(parents=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     with bench_settings() as settings:
         if "a" in only:
-            figures.append(makespan_case(settings, "(a) mixed fleet 60/60/20", [60, 60, 20],
-                                         args.prompts, 1.10, logs))
+            figures.append(makespan_case(settings, "fleet (a) mixed fleet 60/60/20 tok/s",
+                                         [60, 60, 20], args.prompts, 1.10, work))
         if "b" in only:
-            figures.append(makespan_case(settings, "(b) equal fleet 60/60/60", [60, 60, 60],
-                                         args.prompts, 1.02, logs))
+            figures.append(makespan_case(settings, "fleet (b) equal fleet 60/60/60 tok/s",
+                                         [60, 60, 60], args.prompts, 1.02, work))
         if "c" in only:
-            figures.append(handover_case(settings, args.prompts * 2, logs))
-    table = Table(title="bench_fleet (wall clock)")
-    for column in ("benchmark", "tokenmill", "baseline", "ratio", "target", "met"):
-        table.add_column(column)
-    for f in figures:
-        table.add_row(f.name, f"{f.tokenmill}", "-" if f.baseline is None else f"{f.baseline}",
-                      "-" if f.ratio is None else f"{f.ratio}", f.target,
-                      "yes" if f.met else "NO")
-    console.print(table)
-    console.print(f"worker logs: {logs}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"benchmark": "bench_fleet", "at": time.time(),
-                                        "prompts": args.prompts,
-                                        "figures": [asdict(f) for f in figures]}, indent=2))
+            figures.append(handover_case(settings, args.prompts * 2, work))
+    recorder.write(args.out, figures)
+    console.print(console_table("bench_fleet (wall clock)", figures))
+    console.print(f"worker logs: {work}" + (f"; raw results: {args.out}" if args.out else ""))
 
 
 if __name__ == "__main__":

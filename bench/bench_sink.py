@@ -1,36 +1,45 @@
-"""Records/s and MB/s the sink moves from `.completions` into S3 on one core.
+"""Records/s the sink moves from `.completions` into S3 on one core, next
+to plain boto3 puts of the same objects.
 
-Feeds N completion records of realistic size (~2,400 tokens: ~7 KB of
-reasoning + ~3 KB of answer, ~10 KB of JSON each) into a run's completions
-topic with a transactional producer (as the consumer does), then runs the
-sink service in this process, pinned to one core, with `--until-done`
-semantics, and times it from its partition assignment to its exit. The same
-bytes are then uploaded with plain boto3 `put_object` (same object sizes,
-same concurrency) as a baseline; the table shows both rates and their ratio.
-A small-record case (~600 B) shows the per-record overhead.
+Feeds N completion records into a run's completions topic with a
+transactional producer (as the consumer does), then launches `tokenmill sink
+--until-done` pinned to one core (the broker and S3 server on the others) and
+times it from launch to the moment its group has committed the offset of the
+last record on every partition (uploads finish before that commit, so this
+is the last committed record; start-up, group join and the final commit
+included). The objects it wrote are then put again with plain boto3
+(`put_object`, same sizes, same concurrency) by a script in its own process
+on the same core, timed from launch to its last put. Records/s for the
+baseline = the same records / its seconds; the ratio is tokenmill's rate /
+the baseline's. CPU seconds of each process (launch to exit) are reported
+apart.
 
-The local broker and S3 server (moto) come from `TOKENMILL_BOOTSTRAP_SERVERS`
-and `TOKENMILL_S3_ENDPOINT_URL` if set, else a dev stack on free ports
+Two record shapes (the measured mean size of an encoded record is in the
+results and the README table):
+- realistic: ~7,000 characters of reasoning + ~3,000 of answer, i.e. a
+  ~2,400-token completion; about 11 KB of JSON per record;
+- small: 250 + 120 characters; about 1.2 KB per record (the prompt and the
+  metadata dominate), to show the per-record overhead.
+
+Kafka and S3 come from TOKENMILL_BOOTSTRAP_SERVERS and
+TOKENMILL_S3_ENDPOINT_URL (and the other TOKENMILL_* variables; S3
+credentials from boto3's usual chain) if set, else a dev stack on free ports
 is started for the benchmark and stopped after it.
 
     python bench/bench_sink.py [--records 20000] [--small-records 50000]
                                [--partitions 4] [--batch-size 500]
-                               [--compression none|zstd] [--profile]
+                               [--compression none|zstd] [--out bench/results/sink.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
+import json
 import os
-import pstats
 import random
 import sys
 import tempfile
-import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,9 +47,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import boto3
+import msgspec
 from rich.console import Console
-from rich.table import Table
 
+from bench.figures import Figure, Recorder, console_table, ratio
+from bench.services import bench_settings, child_env, tokenmill_argv
+from bench.timing import CommittedReached, DeliveredEnds, Launched, wait_until
 from schemas import (
     Completion,
     GenerationSettings,
@@ -53,10 +65,7 @@ from schemas import (
     encode_record,
 )
 from schemas.progress import producer_key
-from sink.batcher import BatchLimits
-from sink.config import resolve
-from sink.service import SinkService, tune_gc
-from tokenmill import kafka_clients, topics
+from tokenmill import kafka_clients, log, topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -70,42 +79,6 @@ class Case:
     records: int
     reasoning_chars: int
     content_chars: int
-
-
-@dataclass
-class Result:
-    case: Case
-    record_bytes: float
-    timing: Timing
-    baseline_seconds: float
-
-    @property
-    def rps(self) -> float:
-        return self.case.records / self.timing.seconds
-
-    @property
-    def rps_per_core(self) -> float:
-        """Records per second of the sink process's CPU time (all threads)."""
-        return self.case.records / self.timing.cpu_seconds
-
-    @property
-    def mbps(self) -> float:
-        return self.timing.s3_bytes / self.timing.seconds / 1e6
-
-    @property
-    def in_mbps(self) -> float:
-        return self.case.records * self.record_bytes / self.timing.seconds / 1e6
-
-    @property
-    def baseline_mbps(self) -> float:
-        return self.timing.s3_bytes / self.baseline_seconds / 1e6
-
-
-def _pin(pid: int, cores: set[int]) -> None:
-    try:
-        os.sched_setaffinity(pid, cores)
-    except (AttributeError, OSError):
-        pass
 
 
 def _cores() -> tuple[set[int], set[int]]:
@@ -156,11 +129,13 @@ def _records(spec: RunSpec, case: Case):
             spec=SpecStats(accept_length=3.1, verify_ct=770), model="bench", latency_s=30.0)
 
 
-def _feed(settings: Settings, spec: RunSpec, case: Case) -> float:
-    """Commit the case's records, 100 per transaction; returns mean record bytes."""
+def _feed(settings: Settings, spec: RunSpec, case: Case) -> tuple[float, dict[int, int]]:
+    """Commit the case's records, 100 per transaction; returns (mean record
+    bytes, partition -> last offset + 1)."""
     producer = kafka_clients.transactional_producer(settings, f"bench-feed-{spec.run_id}")
     producer.init_transactions(30)
     topic = topics.completions_topic(spec.run_id)
+    ends = DeliveredEnds()
     total = 0
     producer.begin_transaction()
     for i, record in enumerate(_records(spec, case)):
@@ -169,7 +144,7 @@ def _feed(settings: Settings, spec: RunSpec, case: Case) -> float:
         while True:
             try:
                 producer.produce(topic, key=record.id.encode(), value=value,
-                                 partition=i % spec.partitions)
+                                 partition=i % spec.partitions, on_delivery=ends)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -183,193 +158,145 @@ def _feed(settings: Settings, spec: RunSpec, case: Case) -> float:
     plain.produce(topics.progress_topic(spec.run_id), key=producer_key(spec.run_id).encode(),
                   value=encode_record(checkpoint))
     plain.flush(30)
-    return total / case.records
+    return total / case.records, dict(ends.ends)
 
 
-class _TimedSink(SinkService):
-    """Times the sink from its first assignment to its last commit (the
-    exit after it waits for the until-done check, which is not throughput)."""
-
-    started_at: float | None = None
-    last_commit_at: float | None = None
-    cpu_at_start = 0.0
-    cpu_at_last_commit = 0.0
-
-    def _on_assign(self, consumer, partitions) -> None:  # type: ignore[no-untyped-def]
-        if self.started_at is None:
-            self.started_at = time.perf_counter()
-            self.cpu_at_start = _cpu()
-        super()._on_assign(consumer, partitions)
-
-    def _finish_round(self, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super()._finish_round(**kwargs)
-        self.last_commit_at = time.perf_counter()
-        self.cpu_at_last_commit = _cpu()
-
-
-def _cpu() -> float:
-    """CPU seconds of this process, all threads (librdkafka's and the uploads' too)."""
-    times = os.times()
-    return times.user + times.system
+BASELINE = r"""
+import json, os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import boto3
+endpoint, region, bucket, directory, concurrency = sys.argv[1:6]
+client = boto3.client("s3", endpoint_url=endpoint or None, region_name=region)
+names = sorted(os.listdir(directory))
+def put(name):
+    with open(os.path.join(directory, name), "rb") as fh:
+        client.put_object(Bucket=bucket, Key="baseline/" + name, Body=fh.read())
+    return time.time()
+with ThreadPoolExecutor(max_workers=int(concurrency)) as pool:
+    last = max(pool.map(put, names))
+print(json.dumps({"objects": len(names), "last_at": last}))
+"""
 
 
 @dataclass
-class Timing:
-    seconds: float
-    cpu_seconds: float
-    s3_bytes: int
-    objects: int
-    upload_ms: float
-    commit_ms: float
+class Measured:
+    wall_s: float
+    cpu_s: float
 
 
-def _run_sink(settings: Settings, spec: RunSpec, args: argparse.Namespace,
-              profile: cProfile.Profile | None) -> Timing:
-    config = resolve(
-        settings, spec, instance="bench", compression=args.compression, create_bucket=True,
-        limits=BatchLimits(max_records=args.batch_size, max_age_s=600),
-        until_done=True, done_check_interval_s=0.2, upload_concurrency=args.upload_concurrency,
-        environ={})
-    service = _TimedSink(settings=settings, spec=spec, config=config)
-    tune_gc()  # as `tokenmill sink` does
-    if profile:
-        profile.enable()
-    code = service.run()
-    if profile:
-        profile.disable()
-    assert code == 0 and service.started_at is not None and service.last_commit_at is not None
-    cpu = service.cpu_at_last_commit - service.cpu_at_start
-    wall = service.last_commit_at - service.started_at
-    registry = service.metrics.registry
-
-    def mean(name: str) -> float:
-        count = registry.get_sample_value(f"{name}_count") or 1
-        return 1000 * (registry.get_sample_value(f"{name}_sum") or 0) / count
-
-    return Timing(wall, cpu, service.progress.s3_bytes, service.progress.s3_objects,
-                  mean("tokenmill_sink_upload_seconds"), mean("tokenmill_sink_commit_seconds"))
+def _sink(settings: Settings, spec: RunSpec, ends: dict[int, int], args: argparse.Namespace,
+          core: set[int], work: Path) -> Measured:
+    """`tokenmill sink --until-done`, launch to the group's last commit."""
+    argv = tokenmill_argv("sink", "--run", spec.run_id, "--instance", "bench", "--until-done",
+                          "--batch-size", str(args.batch_size), "--max-batch-age", "600",
+                          "--upload-concurrency", str(args.upload_concurrency),
+                          "--compression", args.compression, "--create-bucket",
+                          "--log-level", "warning")
+    committed = CommittedReached(settings, topics.sink_group(spec.run_id),
+                                 topics.completions_topic(spec.run_id), ends)
+    sink = Launched(argv, env=child_env(settings), log=work / f"{spec.run_id}.log", cwd=ROOT,
+                    cores=core)
+    try:
+        done_at = wait_until(committed, [sink], 1800, "commit of every record")
+        exited = sink.wait(120)
+    finally:
+        committed.close()
+        sink.kill()
+    if exited.code != 0:
+        raise RuntimeError(f"sink exited with {exited.code}; log: {sink.log}")
+    return Measured(done_at - sink.launched_at, exited.cpu_s)
 
 
-def _baseline(settings: Settings, bucket: str, concurrency: int) -> float:
-    """Re-upload every object the sink wrote, same bytes, with plain boto3."""
-    client = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
-    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
-            for o in page.get("Contents", [])]
-    bodies = [client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys]
+def _objects(settings: Settings, bucket: str, directory: Path) -> int:
+    """Download what the sink wrote (for the baseline); returns total bytes."""
+    client = boto3.client("s3", endpoint_url=settings.s3_endpoint_url,
+                          region_name=settings.s3_region)
+    directory.mkdir(parents=True)
+    total, count = 0, 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for item in page.get("Contents", []):
+            body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            (directory / f"{count:08d}").write_bytes(body)
+            total, count = total + len(body), count + 1
     client.create_bucket(Bucket=bucket + "-base")
-
-    def put(item: tuple[int, bytes]) -> None:
-        client.put_object(Bucket=bucket + "-base", Key=f"b/{item[0]:08d}", Body=item[1])
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(put, enumerate(bodies)))
-    return time.perf_counter() - started
+    return total
 
 
-def run_case(settings: Settings, case: Case, args: argparse.Namespace,
-             sink_cores: set[int]) -> Result:
+def _baseline(settings: Settings, bucket: str, directory: Path, concurrency: int,
+              core: set[int], work: Path) -> Measured:
+    put = Launched([sys.executable, "-c", BASELINE, settings.s3_endpoint_url or "",
+                    settings.s3_region, bucket + "-base", str(directory), str(concurrency)],
+                   env=os.environ, log=work / f"{bucket}-baseline.log", cwd=ROOT, cores=core)
+    exited = put.wait(1800)
+    if exited.code != 0:
+        raise RuntimeError(f"baseline failed ({exited.code}); log: {put.log}")
+    report = json.loads(exited.stdout.strip().splitlines()[-1])
+    return Measured(report["last_at"] - put.launched_at, exited.cpu_s)
+
+
+def run_case(settings: Settings, case: Case, args: argparse.Namespace, core: set[int],
+             work: Path) -> Figure:
     run_id = f"bench-{case.name}-{uuid.uuid4().hex[:8]}"
     bucket = f"bench-{uuid.uuid4().hex[:12]}"
-    settings = Settings(bootstrap_servers=settings.bootstrap_servers,
-                        s3_endpoint_url=settings.s3_endpoint_url, s3_bucket=bucket,
-                        log_level="warning", connect_timeout_s=10)
+    settings = msgspec.structs.replace(settings, s3_bucket=bucket)
     spec = RunSpec(run_id=run_id, partitions=args.partitions,
                    generation=GenerationSettings(model="bench"))
     RunRegistry(settings).create_run(spec)
-    record_bytes = _feed(settings, spec, case)
-    before = os.sched_getaffinity(0) if sink_cores else None
-    if sink_cores:
-        _pin(0, sink_cores)  # the sink and its threads: one core
-    profile = cProfile.Profile() if args.profile else None
-    try:
-        timing = _run_sink(settings, spec, args, profile)
-    finally:
-        if before:
-            _pin(0, before)
-    if profile:
-        out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(25)
-        print(out.getvalue())
-    baseline = _baseline(settings, bucket, args.upload_concurrency)
-    return Result(case, record_bytes, timing, baseline)
-
-
-def _services(state_dir: Path) -> tuple[Settings, bool]:
-    # The same variables as every other benchmark (README, Benchmarks).
-    bootstrap = os.environ.get("TOKENMILL_BOOTSTRAP_SERVERS")
-    endpoint = os.environ.get("TOKENMILL_S3_ENDPOINT_URL")
-    if bootstrap and endpoint:
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-        return Settings(bootstrap_servers=bootstrap, s3_endpoint_url=endpoint), False
-    from tokenmill.devstack import s3_server, stack
-
-    state, _ = stack.up(stack.StackPlan.on_free_ports(state_dir))
-    os.environ["AWS_ACCESS_KEY_ID"] = s3_server.DEV_ACCESS_KEY
-    os.environ["AWS_SECRET_ACCESS_KEY"] = s3_server.DEV_SECRET_KEY
-    _, others = _cores()
-    if others:
-        _pin(state.brokers[0].pid, others)
-        _pin(state.s3.pid, others)
-    return Settings(bootstrap_servers=state.bootstrap, s3_endpoint_url=state.s3.address), True
+    record_bytes, ends = _feed(settings, spec, case)
+    ours = _sink(settings, spec, ends, args, core, work)
+    s3_bytes = _objects(settings, bucket, work / bucket)
+    base = _baseline(settings, bucket, work / bucket, args.upload_concurrency, core, work)
+    rate, base_rate = case.records / ours.wall_s, case.records / base.wall_s
+    return Figure(
+        name=f"sink, {case.name} records ({record_bytes / 1000:.1f} KB), {case.records:,}",
+        unit="records/s", tokenmill=round(rate), baseline=round(base_rate),
+        baseline_name="plain boto3 put_object of the same objects, same concurrency",
+        ratio=ratio(rate, base_rate), target=f">= {TARGET_RPS:,.0f} records/s",
+        met=rate >= TARGET_RPS,
+        method="wall clock, process launch to the sink group's commit of the last record "
+               "(tokenmill sink, one core) / launch to the last put (boto3 script, same core)",
+        tokenmill_wall_s=round(ours.wall_s, 2), baseline_wall_s=round(base.wall_s, 2),
+        tokenmill_cpu_s=round(ours.cpu_s, 1), baseline_cpu_s=round(base.cpu_s, 1),
+        details={"record_bytes": round(record_bytes), "s3_bytes": s3_bytes,
+                 "tokenmill_s3_mb_per_s": round(s3_bytes / ours.wall_s / 1e6, 1),
+                 "baseline_s3_mb_per_s": round(s3_bytes / base.wall_s / 1e6, 1),
+                 "tokenmill_records_per_cpu_s": round(case.records / ours.cpu_s),
+                 "partitions": args.partitions, "batch_size": args.batch_size,
+                 "upload_concurrency": args.upload_concurrency,
+                 "compression": args.compression})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000,
-                        help="records of realistic size (~10 KB)")
+                        help="records of realistic size (~11 KB)")
     parser.add_argument("--small-records", type=int, default=50_000,
-                        help="records of ~600 B (0: skip the case)")
+                        help="records of ~1.2 KB (0: skip the case)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--upload-concurrency", type=int, default=4)
     parser.add_argument("--compression", choices=["none", "zstd"], default="none")
-    parser.add_argument("--profile", action="store_true", help="cProfile the sink")
+    parser.add_argument("--out", type=Path, default=None, help="write the raw results (JSON)")
     args = parser.parse_args()
 
-    from tokenmill import log
-
     log.configure("warning", "console")
-    console = Console(width=160)
-    sink_cores, _ = _cores()
+    console = Console(width=200)
+    recorder = Recorder("bench_sink")
+    sink_core, others = _cores()
     cases = [Case("realistic", args.records, 7000, 3000)]
     if args.small_records:
         cases.append(Case("small", args.small_records, 250, 120))
-    with tempfile.TemporaryDirectory(prefix="bench-sink-") as tmp:
-        settings, started = _services(Path(tmp))
-        try:
-            results = []
-            for case in cases:
-                console.print(f"[dim]{case.name}: feeding {case.records:,} records...[/dim]")
-                results.append(run_case(settings, case, args, sink_cores))
-        finally:
-            if started:
-                from tokenmill.devstack import stack
-
-                stack.down(Path(tmp))
-    table = Table(title=f"tokenmill sink: .completions -> S3 ({args.partitions} partitions, "
-                        f"batch {args.batch_size}, compression {args.compression}, sink "
-                        f"pinned to one core)")
-    for column in ("case", "records", "record", "objects", "sink rec/s", "in MB/s",
-                   "S3 MB/s", "boto3 put MB/s", "sink/boto3", "rec/s per CPU s",
-                   "upload ms", "commit ms", f"≥ {TARGET_RPS / 1000:.0f}k rec/s"):
-        table.add_column(column, justify="right")
-    for r in results:
-        table.add_row(
-            r.case.name, f"{r.case.records:,}", f"{r.record_bytes / 1000:.1f} KB",
-            f"{r.timing.objects:,}", f"{r.rps:,.0f}", f"{r.in_mbps:,.1f}", f"{r.mbps:,.1f}",
-            f"{r.baseline_mbps:,.1f}", f"{r.mbps / r.baseline_mbps:.2f}",
-            f"{r.rps_per_core:,.0f}", f"{r.timing.upload_ms:.0f}", f"{r.timing.commit_ms:.0f}",
-            "[green]yes[/green]" if r.rps >= TARGET_RPS else "[red]no[/red]")
-    console.print(table)
-    console.print(
-        "[dim]sink rec/s: first assignment to last commit (consume read_committed, decode, "
-        "route, encode, upload, transaction). S3 MB/s: object bytes written per second of "
-        "that; boto3 put MB/s: the same objects put again with plain boto3 at the same "
-        "concurrency (the S3 server's ceiling). rec/s per CPU s: records / CPU seconds the "
-        "sink process used over the same span (all threads: librdkafka, uploads), i.e. "
-        "what one fully busy core would sustain.[/dim]")
+    work = Path(tempfile.mkdtemp(prefix="bench-sink-"))
+    figures = []
+    with bench_settings(services_cores=others or None) as settings:
+        for case in cases:
+            console.print(f"[dim]{case.name}: feeding {case.records:,} records...[/dim]")
+            figures.append(run_case(settings, case, args, sink_core, work))
+    recorder.write(args.out, figures)
+    console.print(console_table(
+        f"tokenmill sink: .completions -> S3 ({args.partitions} partitions, batch "
+        f"{args.batch_size}, compression {args.compression}, one core; wall clock)", figures))
+    console.print(f"logs: {work}" + (f"; raw results: {args.out}" if args.out else ""))
 
 
 if __name__ == "__main__":

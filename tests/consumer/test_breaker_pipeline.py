@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import aiohttp
@@ -93,6 +93,20 @@ def _failures(settings, run_id) -> int:
     return consumer_progress(settings, run_id).consumer_total("failures")
 
 
+def _settled(count: Callable[[], int], quiet_s: float, timeout_s: float) -> int:
+    """The count once it has not moved for `quiet_s` (a condition, not a
+    guess at how long the work in flight takes on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    value, since = count(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"still moving after {timeout_s}s: {value}"
+        time.sleep(0.5)
+        now = count()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 @pytest.mark.parametrize("failing", ["400", "501"])
 def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
         settings, run_id, tmp_path, failing) -> None:
@@ -110,11 +124,12 @@ def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
             opened = ("circuit breaker open: the server fails every request the same way; "
                       "holding prompts (their offsets stay uncommitted) and probing again")
             wait_until(lambda: worker.events(opened), 60, "the breaker opening")
-            # what was in flight when it opened settles; then, while probes keep
-            # failing (cooldown 1 s, doubling), nothing more is committed
-            time.sleep(3)
-            settled = consumer_progress(settings, run_id).generated
-            time.sleep(5)
+            # what was in flight when it opened settles (the count stops moving);
+            # then, for a while of probes that keep failing (cooldown 1 s,
+            # doubling), nothing more is committed
+            settled = _settled(lambda: consumer_progress(settings, run_id).generated,
+                               quiet_s=3, timeout_s=90)
+            time.sleep(5)  # the window in which nothing may be committed
             assert consumer_progress(settings, run_id).generated == settled
             assert consumer_progress(settings, run_id).consumers["b0"].breaker
             mode["chat"] = "pass"  # the server recovers

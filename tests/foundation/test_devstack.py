@@ -194,16 +194,24 @@ def test_up_names_a_taken_port(tmp_path: Path) -> None:
 
 
 def test_unreachable_broker_fails_fast_naming_the_address() -> None:
+    # The same command refused before it connects: its start-up on this
+    # machine, now (a loaded 2-core machine can take seconds to import).
+    started = time.monotonic()
+    refused = tokenmill("runs", "list", "--bootstrap-servers", "no-port", timeout=120)
+    startup = time.monotonic() - started
+    assert refused.returncode != 0 and "--bootstrap-servers" in refused.stderr
+
     port = processes.free_port()
     started = time.monotonic()
     result = tokenmill("runs", "list", "--bootstrap-servers", f"127.0.0.1:{port}",
-                       "--connect-timeout-s", "5", timeout=60)
+                       "--connect-timeout-s", "5", timeout=120)
     elapsed = time.monotonic() - started
     assert result.returncode == 1
     assert f"127.0.0.1:{port}" in result.stderr
     assert "cannot reach Kafka" in result.stderr
     assert "Traceback" not in result.stderr
-    assert elapsed < 15
+    # bounded by the connect timeout, not by librdkafka's own retries
+    assert elapsed - startup < 5 + 10, (elapsed, startup)
 
 
 def test_a_process_is_recognised_by_its_command_line_right_after_it_starts(tmp_path: Path) -> None:

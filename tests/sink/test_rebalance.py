@@ -128,47 +128,57 @@ def test_a_frozen_instance_wakes_up_after_its_partitions_moved(settings, run_id,
 
 class _Recording(SinkService):
     """Notes, for each revoke, whether uploads were in flight when it came,
-    and whether they were committed by the time the partitions were dropped."""
+    and whether they were committed by the time the partitions were dropped.
+    `revoking` is set as a revoke of some partition begins."""
 
     revokes: list[tuple[list[int], bool, int, int, bool]]
+    revoking: threading.Event
 
     def _on_revoke(self, consumer, partitions) -> None:  # type: ignore[no-untyped-def]
         in_flight = self._round is not None
         committed_before = self.progress.s3_objects
+        if partitions:
+            self.revoking.set()
         super()._on_revoke(consumer, partitions)
         self.revokes.append((sorted(tp.partition for tp in partitions), in_flight,
                              committed_before, self.progress.s3_objects,
                              self._round is not None))
 
 
+@pytest.mark.timeout(400)
 def test_revoke_waits_for_the_upload_in_flight_and_commits_it(settings, run_id) -> None:
-    """B joins while A's first upload is slow and in flight: A's revoke
-    callback lets the upload finish and commits it before giving up the
-    partition; nothing is lost or written twice."""
+    """B joins while A's first upload is in flight and held until A's revoke
+    begins: A's revoke callback lets the upload finish and commits it before
+    giving up the partition; nothing is lost or written twice."""
     spec = make_spec(run_id, partitions=2)
     create_run(settings, spec)
     records = [good(spec, i) for i in range(40)]
     publish_done(settings, run_id, feed(settings, spec, records))
     create_bucket(settings)
     uploading = threading.Event()
+    revoking = threading.Event()
+    held_until_revoke: list[bool] = []
     slow = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
 
     def slow_put(params, **_kwargs) -> None:
         if not uploading.is_set():
             uploading.set()
-            time.sleep(4.0)  # B joins and the group rebalances meanwhile
+            # Held (in an upload thread) until B has joined and the group
+            # takes a partition from A; generous for a loaded machine.
+            held_until_revoke.append(revoking.wait(90))
 
     slow.meta.events.register("before-parameter-build.s3.PutObject", slow_put)
     a = make_service(settings, spec, instance="a", batch_size=10, max_batch_age_s=1,
                      s3_client=slow, service_class=_Recording)
-    a.revokes = []
+    a.revokes, a.revoking = [], revoking
     first = ServiceThread(a)
-    assert uploading.wait(30)
+    assert uploading.wait(60)
     b = make_service(settings, spec, instance="b", batch_size=10, max_batch_age_s=1)
     second = ServiceThread(b)
-    first.join(90)
-    second.join(90)
+    first.join(120)
+    second.join(120)
 
+    assert held_until_revoke == [True], "b never took a partition from a within 90 s"
     revokes = [r for r in a.revokes if r[0]]
     assert revokes, "a never gave up a partition"
     _partitions, in_flight, before, after, still_in_flight = revokes[0]
