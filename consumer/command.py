@@ -40,7 +40,8 @@ def check_url(url: str) -> None:
         raise click.BadParameter(f"{url!r}: {problem}", param_hint="--sglang-url")
 
 
-def _concurrency(value: str) -> int | None:
+def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> int | None:
+    """'auto' -> None (follow /metrics), else a positive number; checked while parsing."""
     if value == "auto":
         return None
     try:
@@ -60,7 +61,7 @@ def _concurrency(value: str) -> int | None:
               help="Stable unique id of this worker (its transactional.id, and its group "
                    "members' client ids). "
                    "Default: <hostname>-<server port>. [env: TOKENMILL_INSTANCE]")
-@click.option("--concurrency", default="auto", show_default=True,
+@click.option("--concurrency", default="auto", show_default=True, callback=_concurrency,
               help="In-flight request limit, or 'auto' to follow SGLang's /metrics.")
 @click.option("--max-concurrency", default=1024, show_default=True, type=click.IntRange(1, 100_000),
               help="Hard cap on in-flight requests (also caps 'auto').")
@@ -100,7 +101,7 @@ def _concurrency(value: str) -> int | None:
               help="Serve Prometheus /metrics here (0: off).")
 @service_command
 def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | None,
-            concurrency: str, max_concurrency: int, commit_interval_s: float, max_attempts: int,
+            concurrency: int | None, max_concurrency: int, commit_interval_s: float, max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
             fleet_balancing: bool, breaker_cooldown_s: float, until_done: bool,
@@ -126,7 +127,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
     config = WorkerConfig(
         instance=instance,
         sglang_url=sglang_url,
-        concurrency=_concurrency(concurrency),
+        concurrency=concurrency,
         max_concurrency=max_concurrency,
         commit_interval_s=commit_interval_s,
         retry=RetryPolicy(max_attempts=max_attempts, base_s=retry_base_s),

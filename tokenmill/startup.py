@@ -24,6 +24,7 @@ log = get_logger("tokenmill.startup")
 T = TypeVar("T")
 
 FIRST_DELAY_S = 0.5
+MIN_DELAY_S = 0.05  # less time left than this: give up rather than spin
 MAX_DELAY_S = 5.0
 REMIND_EVERY_S = 30.0
 TIMEOUT_HINT = "--startup-timeout-s / TOKENMILL_STARTUP_TIMEOUT_S"
@@ -37,9 +38,9 @@ class DependencyDown(RuntimeError):
 def retry_delay(attempt: int, remaining_s: float, *, first_s: float = FIRST_DELAY_S,
                 cap_s: float = MAX_DELAY_S) -> float | None:
     """Seconds to sleep before attempt `attempt + 1` (attempts count from 1),
-    or None when no time is left. Doubles from `first_s` up to `cap_s`, and
-    never sleeps past the deadline."""
-    if remaining_s <= 0 or not math.isfinite(remaining_s):
+    or None when no time worth a retry is left. Doubles from `first_s` up to
+    `cap_s`, and never sleeps past the deadline."""
+    if not remaining_s >= MIN_DELAY_S or not math.isfinite(remaining_s):
         return None
     delay = min(cap_s, first_s * 2 ** min(attempt - 1, 30))
     return min(delay, remaining_s)
