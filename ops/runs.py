@@ -14,7 +14,7 @@ from ops.dataset.lineage import kind_of
 from ops.redrive import RedriveRefused, parse_reasons, run_redrive
 from ops.replay import ReplayRefused, create_replay
 from producer.errors import ProducerError
-from schemas.run import DLQ_REASONS, RUN_ID_PATTERN
+from schemas.run import DLQ_REASONS
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.flag_types import RUN_ID, FiniteFloat, TopK
 from tokenmill.registry import RunRegistry
@@ -146,9 +146,6 @@ def redrive(settings: Settings, run_id: str, parent_id: str, reasons: str, model
       tokenmill runs redrive r1-8k --parent r1 --reasons length --max-tokens 8192
       tokenmill consume --run r1-8k --sglang-url http://127.0.0.1:30000
     """
-    if not RUN_ID_PATTERN.match(run_id):
-        raise click.BadParameter(f"invalid run id {run_id!r}: use 1-100 letters, digits, '_' "
-                                 "or '-' starting with a letter or digit", param_hint="RUN_ID")
     try:
         chosen = parse_reasons(reasons)
     except ValueError as exc:

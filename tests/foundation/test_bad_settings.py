@@ -145,6 +145,15 @@ CASES: tuple[Case, ...] = (
     Case("runs-show-run-id", ("runs", "show", "a b"), "RUN_ID"),
     Case("runs-replay-top-p", ("runs", "replay", "r2", "--parent", "r1", "--top-p", "1.5"),
          "--top-p"),
+    Case("runs-redrive-temperature", ("runs", "redrive", "r2", "--parent", "r1", "--reasons",
+                                      "length", "--temperature", "inf"), "--temperature"),
+    Case("dataset-run-id", ("dataset", "a/b"), "RUN_ID"),
+    Case("export-shard-records", ("export", "r1", "--format", "openai", "--out", "{dir}/export",
+                                  "--shard-records", "0"), "--shard-records"),
+    Case("deploy-systemd-port", ("deploy", "systemd", "--out", "{dir}/units", "--run", "r1",
+                                 "--sglang-port", "0"), "--sglang-port"),
+    Case("deploy-compose-time-scale", ("deploy", "compose", "--out", "{dir}/compose",
+                                       "--time-scale", "nan"), "--time-scale"),
     Case("dev-up-port", ("dev", "up", "--kafka-port", "70000"), "--kafka-port"),
     Case("dev-up-heap", ("dev", "up", "--kafka-heap", "lots"), "--kafka-heap"),
     Case("dev-up-same-ports", ("dev", "up", "--kafka-port", "1234", "--s3-port", "1234"),
@@ -165,7 +174,7 @@ CASES: tuple[Case, ...] = (
          "absent.jsonl", ENVIRONMENT),
     Case("dev-up-without-java", ("dev", "up", "--kafka-port", "{port}", "--controller-port",
                                  "{port2}", "--s3-port", "{port3}"),
-         "java not found", ENVIRONMENT, env={"PATH": "{dir}/no-bin"}),
+         "java is not on PATH", ENVIRONMENT, env={"PATH": "{dir}/no-bin"}),
 )
 
 
@@ -226,7 +235,7 @@ def test_the_table_covers_enough_cases() -> None:
     assert len({case.id for case in CASES}) == len(CASES)
     commands = {case.args[0] for case in CASES}
     assert commands >= {"produce", "consume", "sink", "status", "spot-check", "runs", "dev",
-                        "demo", "sim-sglang"}
+                        "demo", "sim-sglang", "dataset", "export", "deploy"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
