@@ -168,9 +168,10 @@ def bootstrap_problem(servers: str) -> str | None:
     return None
 
 
-_REGION = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-# S3 bucket names; upper case and '_' only for legacy us-east-1 buckets.
-BUCKET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]$")
+_REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # us-east-1, auto, RegionOne
+# Loose on purpose (S3-compatible stores and legacy buckets differ): what is
+# refused here is never a bucket name, e.g. an s3:// URL or a key path.
+BUCKET_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 
 
 def region_problem(region: str) -> str | None:
@@ -179,7 +180,7 @@ def region_problem(region: str) -> str | None:
 
 def bucket_problem(bucket: str) -> str | None:
     return None if BUCKET_PATTERN.match(bucket) else (
-        "expected a bucket name: 3-63 letters, digits, '.' or '-' (no '/', no s3:// prefix)")
+        "expected a bucket name: letters, digits, '.', '_' or '-' (no '/', no s3:// prefix)")
 
 
 def state_dir_problem(path: Path) -> str | None:
@@ -274,13 +275,13 @@ def _check_consistency(settings: Settings) -> None:
             f"{settings.source('security_protocol')} {protocol} needs --sasl-mechanism "
             f"(or {ENV_PREFIX}SASL_MECHANISM)"
         )
-    if not protocol.startswith("SASL"):
-        for name in ("sasl_mechanism", "sasl_username", "sasl_password"):
-            if getattr(settings, name) is not None:
-                raise SettingsError(
-                    f"{settings.source(name)} is set but the security protocol is {protocol}: "
-                    "it would be ignored; use --security-protocol SASL_SSL or SASL_PLAINTEXT "
-                    f"({ENV_PREFIX}SECURITY_PROTOCOL)")
+    # A mechanism says SASL was meant; credentials alone may come from a
+    # shared secret store and are simply unused without SASL.
+    if not protocol.startswith("SASL") and settings.sasl_mechanism is not None:
+        raise SettingsError(
+            f"{settings.source('sasl_mechanism')} is set but the security protocol is "
+            f"{protocol}: it would be ignored; use --security-protocol SASL_SSL or "
+            f"SASL_PLAINTEXT ({ENV_PREFIX}SECURITY_PROTOCOL)")
     if settings.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
         settings.sasl_username and settings.sasl_password
     ):
