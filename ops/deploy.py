@@ -21,8 +21,8 @@ from rich.console import Console
 
 from tokenmill import deploy_files, kraft
 from tokenmill.commandline import service_command
-from tokenmill.flag_types import HEAP, PORT, RUN_ID, FiniteFloat
 from tokenmill.deploy_files import RenderedFile
+from tokenmill.flag_types import HEAP, PORT, RUN_ID, FiniteFloat
 from tokenmill.settings import OPTIONS, Settings, SettingsError
 
 console = Console(stderr=True)
