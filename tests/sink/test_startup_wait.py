@@ -48,7 +48,7 @@ def test_sink_waits_for_s3_and_proceeds_when_it_comes_up(settings: Settings, run
         assert sink.poll() is None, log_path.read_text()
         assert endpoint in log_path.read_text()
 
-        s3_pid = s3_server.start("127.0.0.1", port, tmp_path)
+        s3_pid = processes.spawn(s3_server.command("127.0.0.1", port), tmp_path / "s3.out")
         assert wait(sink, 180, log_path) == 0, log_path.read_text()[-4000:]
         log = log_path.read_text()
         assert "S3 is up" in log
