@@ -136,8 +136,17 @@ def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
                   content_chars: int, console: Console) -> tuple[str, list[str], float]:
     """(root run id, S3 prefixes of the runs, mean line bytes)."""
     from ops.redrive import redrive_spec
-    from schemas import (Completion, DeadLetter, GenerationSettings, Message, PromptRecord,
-                         RunSpec, S3Destination, SpecStats, Usage)
+    from schemas import (
+        Completion,
+        DeadLetter,
+        GenerationSettings,
+        Message,
+        PromptRecord,
+        RunSpec,
+        S3Destination,
+        SpecStats,
+        Usage,
+    )
     from schemas.dlq import HEADER_REASON
     from schemas.progress import ProducerCheckpoint, SinkProgress, producer_key, sink_key
     from sink.object_keys import object_key

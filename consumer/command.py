@@ -12,10 +12,13 @@ from urllib.parse import urlparse
 import click
 
 from consumer.backoff import RetryPolicy
+from consumer.health import wait_for_server
 from consumer.worker import FatalWorkerError, Worker, WorkerConfig
+from tokenmill import kafka_clients
 from tokenmill.commandline import exit_now, register_known_error, service_command
+from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
 from tokenmill.registry import RunRegistry
-from tokenmill.settings import Settings
+from tokenmill.settings import Settings, http_url_problem
 from tokenmill.transactions import KafkaFatal
 
 register_known_error(FatalWorkerError, KafkaFatal)
@@ -32,18 +35,13 @@ def default_instance(sglang_url: str) -> str:
 
 def check_url(url: str) -> None:
     """An http(s) URL with a host, or a usage error naming the flag."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise click.BadParameter(f"{url!r} is not an http(s) URL with a host "
-                                 "(e.g. http://127.0.0.1:30000)", param_hint="--sglang-url")
-    try:
-        parsed.port  # noqa: B018 - raises on a malformed port
-    except ValueError:
-        raise click.BadParameter(f"{url!r} has a malformed port",
-                                 param_hint="--sglang-url") from None
+    problem = http_url_problem(url)
+    if problem:
+        raise click.BadParameter(f"{url!r}: {problem}", param_hint="--sglang-url")
 
 
-def _concurrency(value: str) -> int | None:
+def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> int | None:
+    """'auto' -> None (follow /metrics), else a positive number; checked while parsing."""
     if value == "auto":
         return None
     try:
@@ -56,33 +54,35 @@ def _concurrency(value: str) -> int | None:
 
 
 @click.command()
-@click.option("--run", "run_id", required=True, help="Run id.")
+@click.option("--run", "run_id", required=True, type=RUN_ID, help="Run id.")
 @click.option("--sglang-url", required=True, envvar="TOKENMILL_SGLANG_URL",
               help="Base URL of the OpenAI-compatible server. [env: TOKENMILL_SGLANG_URL]")
 @click.option("--instance", default=None, envvar="TOKENMILL_INSTANCE",
               help="Stable unique id of this worker (its transactional.id, and its group "
                    "members' client ids). "
                    "Default: <hostname>-<server port>. [env: TOKENMILL_INSTANCE]")
-@click.option("--concurrency", default="auto", show_default=True,
+@click.option("--concurrency", default="auto", show_default=True, callback=_concurrency,
               help="In-flight request limit, or 'auto' to follow SGLang's /metrics.")
-@click.option("--max-concurrency", default=1024, show_default=True, type=int,
+@click.option("--max-concurrency", default=1024, show_default=True, type=click.IntRange(1, 100_000),
               help="Hard cap on in-flight requests (also caps 'auto').")
 @click.option("--commit-interval", "commit_interval_s", default=2.0, show_default=True,
-              type=click.FloatRange(0.05, 5.0), help="Seconds between transactions.")
+              type=seconds(0.05, 5.0, min_open=False), help="Seconds between transactions.")
 @click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(1, 100),
               help="Attempts per prompt for 5xx, timeouts and aborts.")
-@click.option("--retry-base", "retry_base_s", default=1.0, show_default=True, type=float,
+@click.option("--retry-base", "retry_base_s", default=1.0, show_default=True,
+              type=seconds(0, 3600, min_open=False),
               help="First retry delay in seconds (doubles, with jitter).")
 @click.option("--request-timeout", "request_timeout_s", default=1800.0, show_default=True,
-              type=float, help="Seconds before a request counts as timed out.")
-@click.option("--drain-timeout", "drain_timeout_s", default=60.0, show_default=True, type=float,
+              type=seconds(0, 7 * 86400), help="Seconds before a request counts as timed out.")
+@click.option("--drain-timeout", "drain_timeout_s", default=60.0, show_default=True,
+              type=seconds(0, 86400, min_open=False),
               help="On SIGTERM, seconds to let in-flight requests finish.")
 @click.option("--group-protocol", type=click.Choice(["consumer", "classic"]), default="consumer",
               show_default=True,
               help="consumer: KIP-848 (Kafka 4.0+), shares follow GPU capacity; classic: the "
                    "older protocol for older brokers.")
 @click.option("--session-timeout", "session_timeout_s", default=None,
-              type=click.FloatRange(1, 1800),
+              type=seconds(1, 1800, min_open=False),
               help="Seconds a crashed worker keeps its partitions. KIP-848: set as the group's "
                    "consumer.session.timeout.ms (within the broker's bounds; default: the "
                    "broker's). Classic: the client's (default 30).")
@@ -92,20 +92,23 @@ def _concurrency(value: str) -> int | None:
               help="KIP-848: open and close group members so that this worker's share of "
                    "partitions follows its measured throughput.")
 @click.option("--breaker-cooldown", "breaker_cooldown_s", default=30.0, show_default=True,
-              type=click.FloatRange(0.1, 3600),
+              type=seconds(0.1, 3600, min_open=False),
               help="Seconds the circuit breaker holds prompts before probing the server "
                    "again (doubles while it keeps failing, up to 10 minutes).")
 @click.option("--until-done", is_flag=True,
               help="Exit 0 once the producer has finished and every prompt has a committed result.")
-@click.option("--metrics-port", default=0, type=int, help="Serve Prometheus /metrics here (0: off).")
+@click.option("--metrics-port", default=0, type=PORT_OR_OFF,
+              help="Serve Prometheus /metrics here (0: off).")
 @service_command
 def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | None,
-            concurrency: str, max_concurrency: int, commit_interval_s: float, max_attempts: int,
+            concurrency: int | None, max_concurrency: int, commit_interval_s: float, max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
             fleet_balancing: bool, breaker_cooldown_s: float, until_done: bool,
             metrics_port: int) -> None:
     """Generate completions for a run's prompts, exactly once, next to one SGLang server.
+
+    At start it waits for Kafka, then for the server (up to --startup-timeout-s each).
 
     \b
     Example:
@@ -116,11 +119,15 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
     if not INSTANCE_PATTERN.match(instance):
         raise click.BadParameter(f"{instance!r}: use 1-100 letters, digits, '.', '_' or '-'",
                                  param_hint="--instance")
+    api_key = os.environ.get("TOKENMILL_SGLANG_API_KEY") or None
+    kafka_clients.wait_for_broker(settings)
     spec = RunRegistry(settings).get(run_id)
+    asyncio.run(wait_for_server(sglang_url, timeout_s=settings.startup_timeout_s,
+                                api_key=api_key))
     config = WorkerConfig(
         instance=instance,
         sglang_url=sglang_url,
-        concurrency=_concurrency(concurrency),
+        concurrency=concurrency,
         max_concurrency=max_concurrency,
         commit_interval_s=commit_interval_s,
         retry=RetryPolicy(max_attempts=max_attempts, base_s=retry_base_s),
@@ -133,7 +140,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         breaker_cooldown_s=breaker_cooldown_s,
         until_done=until_done,
         metrics_port=metrics_port,
-        api_key=os.environ.get("TOKENMILL_SGLANG_API_KEY") or None,
+        api_key=api_key,
     )
     try:
         code = asyncio.run(Worker(settings, spec, config).run())

@@ -11,7 +11,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from consumer.sglang_client import ServerUnavailable, SGLangClient
 from tokenmill.log import get_logger
+from tokenmill.startup import StartupWait, wait_until_up_async
 
 log = get_logger("tokenmill.consumer.health")
 
@@ -66,3 +68,13 @@ class HealthGate:
     def close(self) -> None:
         if self._probing is not None:
             self._probing.cancel()
+
+
+async def wait_for_server(url: str, *, timeout_s: float, api_key: str | None = None) -> None:
+    """At start-up: wait (logged, bounded by the start-up timeout) until the
+    server answers, before the worker joins the group and takes partitions."""
+    async with SGLangClient(url, api_key=api_key, max_connections=1) as client:
+        wait = StartupWait("the SGLang server", url, timeout_s=timeout_s,
+                           hint="is it running? (start it, or point --sglang-url / "
+                                "TOKENMILL_SGLANG_URL at it)")
+        await wait_until_up_async(client.check_up, wait, down=(ServerUnavailable,))

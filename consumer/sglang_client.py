@@ -308,6 +308,16 @@ class SGLangClient:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
 
+    async def check_up(self) -> None:
+        """Raise ServerUnavailable while the server does not answer, or answers
+        /health with a 5xx (SGLang: 503 while loading the model). A server
+        without /health (404) counts as up: the circuit breaker judges it."""
+        answer = await self._get("/health")
+        if answer is None:
+            raise ServerUnavailable("no answer to GET /health (connection refused or timed out)")
+        if answer[0] >= 500:
+            raise ServerUnavailable(f"GET /health answered {answer[0]} (still loading?)")
+
     async def healthy(self) -> bool:
         """SGLang answers /health with 200 once the model is loaded (503 before)."""
         answer = await self._get("/health")

@@ -22,6 +22,7 @@ from rich.console import Console
 from tokenmill import deploy_files, kraft
 from tokenmill.commandline import service_command
 from tokenmill.deploy_files import RenderedFile
+from tokenmill.flag_types import HEAP, PORT, RUN_ID, FiniteFloat
 from tokenmill.settings import OPTIONS, Settings, SettingsError
 
 console = Console(stderr=True)
@@ -159,7 +160,8 @@ def deploy() -> None:
 @deploy.command()
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to write the files to (created if missing).")
-@click.option("--run", "run_id", required=True, help="Run the workers and the sink serve.")
+@click.option("--run", "run_id", required=True, type=RUN_ID,
+              help="Run the workers and the sink serve.")
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
               help="GPUs per host: one SGLang server and one worker each.")
 @click.option("--model", default="Qwen/Qwen3-8B", show_default=True,
@@ -169,12 +171,12 @@ def deploy() -> None:
 @click.option("--install-dir", default=sys.prefix, show_default="this Python's prefix",
               help="Where tokenmill is installed on the hosts (its bin/ has `tokenmill`).")
 @click.option("--user", default="tokenmill", show_default=True, help="User the services run as.")
-@click.option("--sglang-port", default=30000, show_default=True, type=int,
+@click.option("--sglang-port", default=30000, show_default=True, type=PORT,
               help="GPU i's SGLang server listens on this + i.")
-@click.option("--metrics-port", default=9100, show_default=True, type=int,
+@click.option("--metrics-port", default=9100, show_default=True, type=PORT,
               help="GPU i's worker serves Prometheus metrics on this + i.")
-@click.option("--sink-metrics-port", default=9200, show_default=True, type=int)
-@click.option("--kafka-heap", default="4g", show_default=True)
+@click.option("--sink-metrics-port", default=9200, show_default=True, type=PORT)
+@click.option("--kafka-heap", default="4g", show_default=True, type=HEAP)
 @service_command
 def systemd(settings: Settings, out_dir: Path, run_id: str, gpus: int, model: str,
             kafka_hosts: str, install_dir: str, user: str, sglang_port: int, metrics_port: int,
@@ -207,11 +209,12 @@ def systemd(settings: Settings, out_dir: Path, run_id: str, gpus: int, model: st
 @deploy.command()
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory to write compose.yaml and the Dockerfile to (the build context).")
-@click.option("--run", "run_id", default="demo", show_default=True,
+@click.option("--run", "run_id", default="demo", show_default=True, type=RUN_ID,
               help="Run the workers and the sink serve.")
 @click.option("--gpus", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Simulated GPUs: one simulator and one worker each.")
-@click.option("--time-scale", default=100.0, show_default=True, type=float,
+@click.option("--time-scale", default=100.0, show_default=True,
+              type=FiniteFloat(min=0.0, min_open=True),
               help="The simulators' speed-up over a real GPU.")
 @click.option("--wheel", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="Install this tokenmill wheel in the image (copied next to the "

@@ -14,8 +14,9 @@ from ops.dataset.lineage import kind_of
 from ops.redrive import RedriveRefused, parse_reasons, run_redrive
 from ops.replay import ReplayRefused, create_replay
 from producer.errors import ProducerError
-from schemas.run import DLQ_REASONS, RUN_ID_PATTERN
+from schemas.run import DLQ_REASONS
 from tokenmill.commandline import register_known_error, service_command
+from tokenmill.flag_types import RUN_ID, FiniteFloat, TopK
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -54,7 +55,7 @@ def list_runs(settings: Settings) -> None:
 
 
 @runs.command("show")
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @service_command
 def show(settings: Settings, run_id: str) -> None:
     """The full spec of one run, as JSON.
@@ -73,9 +74,9 @@ def generation_options(func: F) -> F:
     for option in reversed([
         click.option("--model", default=None),
         click.option("--max-tokens", type=click.IntRange(min=1), default=None),
-        click.option("--temperature", type=click.FloatRange(min=0.0), default=None),
-        click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0), default=None),
-        click.option("--top-k", type=int, default=None),
+        click.option("--temperature", type=FiniteFloat(min=0.0), default=None),
+        click.option("--top-p", type=FiniteFloat(min=0.0, max=1.0, min_open=True), default=None),
+        click.option("--top-k", type=TopK(), default=None, help="-1: off."),
         click.option("--seed", type=int, default=None),
         click.option("--thinking/--no-thinking", default=None),
     ]):
@@ -92,8 +93,9 @@ def generation_changes(model: str | None, max_tokens: int | None, temperature: f
 
 
 @runs.command("replay")
-@click.argument("run_id")
-@click.option("--parent", "parent_id", required=True, help="The run whose prompts to reuse.")
+@click.argument("run_id", type=RUN_ID)
+@click.option("--parent", "parent_id", required=True, type=RUN_ID,
+              help="The run whose prompts to reuse.")
 @generation_options
 @service_command
 def replay(settings: Settings, run_id: str, parent_id: str, model: str | None,
@@ -117,8 +119,8 @@ def replay(settings: Settings, run_id: str, parent_id: str, model: str | None,
 
 
 @runs.command("redrive")
-@click.argument("run_id")
-@click.option("--parent", "parent_id", required=True,
+@click.argument("run_id", type=RUN_ID)
+@click.option("--parent", "parent_id", required=True, type=RUN_ID,
               help="The finished run whose dead letters to regenerate.")
 @click.option("--reasons", required=True,
               help=f"Comma list of DLQ reasons to redrive ({','.join(sorted(DLQ_REASONS))}).")
@@ -144,9 +146,6 @@ def redrive(settings: Settings, run_id: str, parent_id: str, reasons: str, model
       tokenmill runs redrive r1-8k --parent r1 --reasons length --max-tokens 8192
       tokenmill consume --run r1-8k --sglang-url http://127.0.0.1:30000
     """
-    if not RUN_ID_PATTERN.match(run_id):
-        raise click.BadParameter(f"invalid run id {run_id!r}: use 1-100 letters, digits, '_' "
-                                 "or '-' starting with a letter or digit", param_hint="RUN_ID")
     try:
         chosen = parse_reasons(reasons)
     except ValueError as exc:

@@ -16,6 +16,7 @@ from schemas import Completion, Failure, decode_completion
 from schemas.completion import CompletionRecord
 from tokenmill import kafka_clients, topics
 from tokenmill.commandline import service_command
+from tokenmill.flag_types import RUN_ID
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -59,12 +60,13 @@ def pick(settings: Settings, run_id: str, n: int, category: str | None, seed: in
 
 
 @click.command("spot-check")
-@click.option("--run", "run_id", required=True)
+@click.option("--run", "run_id", required=True, type=RUN_ID)
 @click.option("-n", "count", default=3, show_default=True, type=click.IntRange(1, 100))
 @click.option("--category", type=click.Choice(["plain", "multi-turn", "tools", "system-prompt"]),
               default=None, help="Only prompts of this category.")
 @click.option("--seed", default=0, show_default=True, help="Which partitions to look at first.")
-@click.option("--width", default=100, show_default=True, help="Characters of text to show.")
+@click.option("--width", default=100, show_default=True, type=click.IntRange(10, 100_000),
+              help="Characters of text to show.")
 @service_command
 def spot_check(settings: Settings, run_id: str, count: int, category: str | None, seed: int,
                width: int) -> None:

@@ -23,6 +23,7 @@ from rich.table import Table
 from ops.dataset.coverage import coverage_line, lineage_coverage
 from schemas import RunSpec
 from tokenmill.commandline import service_command
+from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.progress import RunProgress, read_run_progress
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
@@ -214,9 +215,10 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
 
 
 @click.command()
-@click.option("--run", "run_id", required=True, help="Run id.")
+@click.option("--run", "run_id", required=True, type=RUN_ID, help="Run id.")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
-@click.option("--watch", type=float, default=0.0, help="Refresh every N seconds (0: once).")
+@click.option("--watch", type=seconds(0, 86400, min_open=False), default=0.0,
+              help="Refresh every N seconds (0: once).")
 @service_command
 def status(settings: Settings, run_id: str, as_json: bool, watch: float) -> None:
     """Where a run stands: progress vs estimate, speed per GPU, accept length,

@@ -10,21 +10,23 @@ import msgspec
 from rich.console import Console
 
 from producer.errors import ProducerError
+from producer.inputs import resolve as resolve_inputs
 from producer.pipeline import ProduceOptions, run_producer
+from schemas.plan import Plan, plan_decoder
 from schemas.run import (
     DLQ_REASONS,
-    RUN_ID_PATTERN,
     Estimate,
     GenerationSettings,
     QAPolicy,
     RunSpec,
     S3Destination,
 )
-from schemas.plan import Plan, plan_decoder
 from tokenmill.commandline import register_known_error, service_command
+from tokenmill.flag_types import RUN_ID, FiniteFloat, TopK
 from tokenmill.forecast.estimate import PlanMismatch, input_differences, run_estimate
 from tokenmill.forecast.table import forecast
-from tokenmill.settings import Settings
+from tokenmill.kafka_clients import wait_for_broker
+from tokenmill.settings import Settings, writable_state_dir
 
 DEFAULT_GPU_HOUR_COST = 4.5
 
@@ -43,7 +45,8 @@ def parse_dlq_reasons(value: str | None) -> QAPolicy:
 
 @click.command("produce")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--run", "run_id", required=True, help="Run id (letters, digits, '_', '-').")
+@click.option("--run", "run_id", required=True, type=RUN_ID,
+              help="Run id (letters, digits, '_', '-').")
 @click.option("--gpus", type=click.IntRange(min=1), required=True,
               help="GPUs (consumers) the run is sized for.")
 @click.option("--partitions-per-gpu", type=click.IntRange(min=1), default=4, show_default=True,
@@ -55,15 +58,16 @@ def parse_dlq_reasons(value: str | None) -> QAPolicy:
               help="Tool specs as the request's `tools` field, or left in the system prompt.")
 @click.option("--model", default="default", show_default=True, help="Model name for requests.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.6, show_default=True)
-@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0), default=0.95, show_default=True)
-@click.option("--top-k", type=int, default=20, show_default=True)
+@click.option("--temperature", type=FiniteFloat(min=0.0), default=0.6, show_default=True)
+@click.option("--top-p", type=FiniteFloat(min=0.0, max=1.0, min_open=True), default=0.95,
+              show_default=True)
+@click.option("--top-k", type=TopK(), default=20, show_default=True, help="-1: off.")
 @click.option("--seed", type=int, default=None, help="Sampling seed (unset: none).")
 @click.option("--thinking/--no-thinking", default=True, show_default=True,
               help="Ask for the model's reasoning (enable_thinking).")
-@click.option("--estimate-rps", type=click.FloatRange(min=0.0, min_open=True), default=None,
+@click.option("--estimate-rps", type=FiniteFloat(min=0.0, min_open=True), default=None,
               help="Expected requests/s, to compare progress against.")
-@click.option("--estimate-output-tokens", type=click.FloatRange(min=0.0, min_open=True),
+@click.option("--estimate-output-tokens", type=FiniteFloat(min=0.0, min_open=True),
               default=None, help="Expected output tokens per completion.")
 @click.option("--plan", "plan_path", type=click.Path(path_type=Path), default=None,
               help="A `tokenmill plan` JSON file: its prediction for this run's max_tokens "
@@ -74,10 +78,11 @@ def parse_dlq_reasons(value: str | None) -> QAPolicy:
 @click.option("--dlq-reasons", default=None,
               help=f"Comma list of outcomes sent to the DLQ [default: all of "
                    f"{','.join(sorted(DLQ_REASONS))}].")
-@click.option("--parent-run", default=None, help="Run this one replays or extends.")
+@click.option("--parent-run", type=RUN_ID, default=None, help="Run this one replays or extends.")
 @click.option("--s3-compression", type=click.Choice(["none", "zstd"]), default="none",
               show_default=True, help="Compression of the S3 objects the sink writes.")
-@click.option("--rejects", "rejects_path", type=click.Path(path_type=Path), default=None,
+@click.option("--rejects", "rejects_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None,
               help="Rejected records (JSONL) [default: <state-dir>/producer/<run>/rejects.jsonl].")
 @click.option("--strict", is_flag=True, help="Stop at the first rejected record (exit 1).")
 @click.option("--dry-run", is_flag=True,
@@ -109,9 +114,6 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
       tokenmill produce chats.json.gz tools.parquet --run r2 --gpus 8 \\
           --multi-turn per-user-turn --max-tokens 16384 --dry-run
     """
-    if not RUN_ID_PATTERN.match(run_id):
-        raise click.BadParameter(f"invalid run id {run_id!r}: use 1-100 letters, digits, '_' "
-                                 "or '-' starting with a letter or digit", param_hint="--run")
     generation = GenerationSettings(model=model, max_tokens=max_tokens, temperature=temperature,
                                     top_p=top_p, top_k=top_k, seed=seed,
                                     enable_thinking=thinking, tools=tool_mode)  # type: ignore[arg-type]
@@ -138,6 +140,10 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
                    multi_turn=multi_turn,  # type: ignore[arg-type]
                    qa=parse_dlq_reasons(dlq_reasons), s3=s3, parent_run=parent_run,
                    estimate=estimate)
+    writable_state_dir(settings, "producer", run_id)
+    resolve_inputs(list(files))  # a missing file fails before any wait
+    if not dry_run:
+        wait_for_broker(settings)
     out = Console() if Console().is_terminal else Console(width=160)
     outcome = run_producer(settings, ProduceOptions(
         files=files, spec=spec, rejects_path=rejects_path, strict=strict, dry_run=dry_run,

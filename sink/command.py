@@ -10,8 +10,11 @@ import click
 from sink.batcher import BatchLimits
 from sink.config import parse_size, resolve
 from sink.errors import SinkError
+from sink.s3_writer import wait_for_bucket
 from sink.service import SinkService, tune_gc
+from tokenmill import kafka_clients
 from tokenmill.commandline import exit_now, register_known_error, service_command
+from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 from tokenmill.transactions import KafkaFatal
@@ -32,12 +35,13 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
 
 
 @click.command("sink")
-@click.option("--run", "run_id", required=True, help="Run id whose completions to persist.")
+@click.option("--run", "run_id", required=True, type=RUN_ID,
+              help="Run id whose completions to persist.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
               help="Records per batch (per partition) before it is flushed.")
 @click.option("--max-batch-bytes", type=SizeType(), default="64MiB", show_default=True,
               help="Flush a batch once its records reach this many bytes (e.g. 64MiB).")
-@click.option("--max-batch-age", "max_batch_age_s", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-batch-age", "max_batch_age_s", type=seconds(0, 7 * 86400),
               default=600.0, show_default=True,
               help="Flush a batch this many seconds after its first record.")
 @click.option("--compression", type=click.Choice(["none", "zstd"]), default=None,
@@ -54,7 +58,7 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
 @click.option("--group-protocol", type=click.Choice(["consumer", "classic"]), default="consumer",
               show_default=True,
               help="consumer: KIP-848 (Kafka 4.0+); classic: the older protocol.")
-@click.option("--session-timeout", "session_timeout_s", type=click.FloatRange(1, 1800),
+@click.option("--session-timeout", "session_timeout_s", type=seconds(1, 1800, min_open=False),
               default=None,
               help="Seconds a crashed sink keeps its partitions before the others take them "
                    "over. KIP-848: the group's consumer.session.timeout.ms (default: the "
@@ -70,7 +74,10 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
          group_protocol: str, session_timeout_s: float | None, upload_concurrency: int,
          conditional_writes: bool) -> None:
     """Persist a run's completions: good samples to S3 as JSONL batches, the
-    rest to the run's dead-letter topic, exactly once."""
+    rest to the run's dead-letter topic, exactly once.
+
+    At start it waits for Kafka and S3 (up to --startup-timeout-s)."""
+    kafka_clients.wait_for_broker(settings)
     spec = RunRegistry(settings).get(run_id)
     config = resolve(
         settings, spec, instance=instance, compression=compression,  # type: ignore[arg-type]
@@ -80,6 +87,10 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
         until_done=until_done, metrics_port=metrics_port, group_protocol=group_protocol,
         session_timeout_s=session_timeout_s,
         upload_concurrency=upload_concurrency, conditional_writes=conditional_writes)
+    wait_for_bucket(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
+                    bucket=config.bucket, create=config.create_bucket,
+                    timeout_s=settings.startup_timeout_s,
+                    connect_timeout_s=settings.connect_timeout_s)
     service = SinkService(settings=settings, spec=spec, config=config)
     service.install_signal_handlers()
     tune_gc()

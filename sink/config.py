@@ -3,6 +3,7 @@ and the run spec. Pure."""
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass, field
 
@@ -91,11 +92,16 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb":
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
 
 
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([a-z]*)")
+
+
 def parse_size(text: str) -> int:
-    """'67108864', '64MiB', '64mb', '512k' -> bytes."""
+    """'67108864', '64MiB', '64mb', '512k', '1.5g' -> bytes (at least 1)."""
     cleaned = text.strip().lower().replace(" ", "")
-    number = cleaned.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = cleaned[len(number):]
-    if unit not in _UNITS or not number:
+    match = _SIZE.fullmatch(cleaned)
+    if match is None or match.group(2) not in _UNITS:
         raise ValueError(f"not a size: {text!r} (use bytes, or a suffix like 64MiB, 512k)")
-    return int(float(number) * _UNITS[unit])
+    size = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if size < 1:
+        raise ValueError(f"not a size: {text!r} (must be at least 1 byte)")
+    return size

@@ -12,7 +12,6 @@ from __future__ import annotations
 import msgspec
 
 from schemas import CompletionRecord
-from schemas.raw import RawRecord
 from schemas.dlq import (
     HEADER_DETAIL,
     HEADER_OFFSET,
@@ -20,6 +19,7 @@ from schemas.dlq import (
     HEADER_REASON,
     HEADER_TOPIC,
 )
+from schemas.raw import RawRecord
 from sink.batcher import DeadLetterOut
 from sink.samples import CompletionView
 

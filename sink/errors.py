@@ -30,3 +30,8 @@ class S3Failed(SinkError):
     """An S3 request failed after botocore's retries. Nothing of the batch is
     committed; the restarted sink replays it (same key, pinned)."""
 
+
+class S3Unreachable(S3Failed):
+    """The S3 endpoint does not answer (connection refused or timed out, or a
+    5xx): at start-up the sink waits for it (tokenmill/startup.py)."""
+

@@ -6,6 +6,9 @@ mode (throttling, 5xx, connection errors) with exponential backoff. Objects
 above `multipart_threshold` go up as an explicit multipart upload (parts in
 parallel), since s3transfer cannot pass the conditional headers.
 
+`wait_for_bucket` is the sink's start-up wait: an endpoint that does not
+answer yet is retried (logged) up to the start-up timeout.
+
 Writes are conditional: a write that creates a key sends `If-None-Match: *`,
 a write that replaces a probed object sends `If-Match: <its etag>`; a
 failed condition raises `ObjectConflict` (another owner wrote the key).
@@ -23,18 +26,29 @@ from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
 
 from sink import objects
 from sink.batcher import ExistingObject
-from sink.errors import BucketMissing, ObjectConflict, S3Failed
+from sink.errors import BucketMissing, ObjectConflict, S3Failed, S3Unreachable
 from tokenmill.log import get_logger
+from tokenmill.startup import StartupWait, wait_until_up
 
 log = get_logger("tokenmill.sink.s3")
 
 MiB = 1024 * 1024
 CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+_UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
+                ConnectionClosedError)
 
 
 @dataclass(frozen=True)
@@ -68,7 +82,7 @@ def is_local_endpoint(endpoint_url: str | None) -> bool:
 
 
 def make_client(*, endpoint_url: str | None, region: str, max_attempts: int = 10,
-                max_pool: int = 16) -> Any:
+                max_pool: int = 16, connect_timeout_s: float = 10.0) -> Any:
     """A boto3 S3 client with standard retries (exponential backoff).
 
     Payloads are not SHA-256 signed on HTTPS (botocore's default there: the
@@ -83,7 +97,7 @@ def make_client(*, endpoint_url: str | None, region: str, max_attempts: int = 10
     config = Config(
         region_name=region,
         retries={"mode": "standard", "total_max_attempts": max_attempts},
-        connect_timeout=10,
+        connect_timeout=connect_timeout_s,
         read_timeout=120,
         max_pool_connections=max_pool,
         s3=s3_options or None,
@@ -111,11 +125,21 @@ class S3Writer:
     # -- bucket --------------------------------------------------------------
 
     def ensure_bucket(self, *, create: bool, region: str) -> bool:
-        """Check the bucket; create it if missing and allowed. True if created."""
+        """Check the bucket; create it if missing and allowed. True if created.
+        S3Unreachable when the endpoint does not answer."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
             return False
+        except _UNREACHABLE as exc:
+            raise S3Unreachable(f"no answer ({exc})") from None
+        except NoCredentialsError:
+            raise S3Failed("no S3 credentials found: set AWS_ACCESS_KEY_ID and "
+                           "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from None
+        except BotoCoreError as exc:
+            raise S3Failed(f"cannot use s3 bucket {self.bucket!r}: {exc}") from None
         except ClientError as exc:
+            if _status(exc) >= 500:
+                raise S3Unreachable(f"HEAD bucket answered {_status(exc)} ({_code(exc)})") from None
             if _code(exc) not in MISSING_CODES and _status(exc) != 404:
                 raise S3Failed(f"cannot use s3 bucket {self.bucket!r}: {exc}") from None
         if not create:
@@ -205,3 +229,19 @@ class S3Writer:
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=key)
+
+
+def wait_for_bucket(*, endpoint_url: str | None, region: str, bucket: str, create: bool,
+                    timeout_s: float, connect_timeout_s: float) -> None:
+    """Wait (logged, bounded) until the endpoint answers, then check the bucket
+    and create it if missing and allowed. Each try is one request, without
+    botocore's own retries, so the log says what happens when it happens."""
+    probe = S3Writer(client=make_client(endpoint_url=endpoint_url, region=region,
+                                        max_attempts=1, max_pool=1,
+                                        connect_timeout_s=connect_timeout_s),
+                     bucket=bucket)
+    wait = StartupWait("S3", f"{endpoint_url or 'AWS S3'} (bucket {bucket})", timeout_s=timeout_s,
+                       hint="is the S3 endpoint up? (--s3-endpoint-url / "
+                            "TOKENMILL_S3_ENDPOINT_URL)")
+    wait_until_up(lambda: probe.ensure_bucket(create=create, region=region), wait,
+                  down=(S3Unreachable,))

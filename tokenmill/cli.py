@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import click
 
@@ -29,7 +30,37 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def one_line(exc: click.UsageError) -> click.ClickException:
+    """A usage error as one line, `Error: <what is wrong>`, with its exit code
+    (2) and a pointer to the command's help instead of the usage block."""
+    message = " ".join(exc.format_message().split())
+    if exc.ctx is not None:
+        message += f" (see '{exc.ctx.command_path} --help')"
+    error = click.ClickException(message)
+    error.exit_code = exc.exit_code
+    return error
+
+
 class LazyGroup(click.Group):
+    """Subcommands imported on first use; usage errors printed as one line."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise one_line(exc) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(name for name in COMMANDS if _importable(COMMANDS[name]))
 

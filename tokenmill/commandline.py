@@ -16,7 +16,9 @@ from tokenmill.settings import Settings, SettingsError, pop_settings, settings_o
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Failures a user can fix; they print as "Error: <message>" with exit code 1.
+# Failures of the environment a user can fix (a broker or bucket that is not
+# there, a conflicting run); they print as "Error: <message>" with exit code 1.
+# Settings errors are usage errors (exit code 2).
 _known: list[type[BaseException]] = [SettingsError]
 
 
@@ -31,8 +33,9 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from tokenmill.devstack.stack import StackError
     from tokenmill.kafka_clients import BrokerUnreachable
     from tokenmill.registry import RunConflict, UnknownRun
+    from tokenmill.startup import DependencyDown
 
-    return (BrokerUnreachable, RunConflict, UnknownRun, PortInUse, StackError,
+    return (BrokerUnreachable, DependencyDown, RunConflict, UnknownRun, PortInUse, StackError,
             BrokerSetupError, FileNotFoundError, *_known)
 
 

@@ -21,14 +21,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ops.status import summarize
 from tokenmill.commandline import service_command
 from tokenmill.devstack import processes, stack
+from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.progress import read_run_progress
 from tokenmill.registry import RunRegistry
-from tokenmill.settings import Settings
+from tokenmill.settings import Settings, writable_state_dir
 from tokenmill.simulator import SimulatorConfig
 from tokenmill.simulator.runner import SimulatorProcess
-from ops.status import summarize
 
 SAMPLE_DIR = Path(__file__).parent / "data" / "sample"
 
@@ -84,9 +85,11 @@ def _simulator_config(seed: int) -> SimulatorConfig:
 @click.command()
 @click.option("--gpus", default=2, show_default=True, type=click.IntRange(1, 16),
               help="Simulated GPUs (one simulator and one consumer each).")
-@click.option("--run", "run_id", default=None, help="Run id (default: demo-<time>).")
-@click.option("--max-tokens", default=4096, show_default=True, type=int)
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float,
+@click.option("--run", "run_id", default=None, type=RUN_ID,
+              help="Run id (default: demo-<time>).")
+@click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True,
+              type=seconds(0, 7 * 86400),
               help="Give up after this many seconds.")
 @click.option("--keep", is_flag=True, help="Leave the stack running afterwards.")
 @service_command
@@ -99,7 +102,7 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
       tokenmill demo
     """
     run_id = run_id or time.strftime("demo-%Y%m%d-%H%M%S")
-    state_dir = Path(settings.state_dir) / "demo"
+    state_dir = writable_state_dir(settings, "demo")
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

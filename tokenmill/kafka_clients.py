@@ -2,7 +2,8 @@
 security options, the logger hookup and the connection check.
 
 Constructors here never touch the network; `check_broker` does, and fails
-fast with the address in the message instead of hanging.
+fast with the address in the message instead of hanging; `wait_for_broker`
+is the services' start-up wait for a broker that is not up yet.
 """
 
 from __future__ import annotations
@@ -16,13 +17,23 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
+from tokenmill.startup import StartupWait, wait_until_up
 from tokenmill.topics import MAX_MESSAGE_BYTES
 
 log = get_logger("tokenmill.kafka")
 
 
 class BrokerUnreachable(RuntimeError):
-    """Kafka did not answer at the configured address within the timeout."""
+    """Kafka did not answer at the configured address within the timeout;
+    `reason` is the short why (librdkafka's error)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+BROKER_HINT = ("is the broker running? (`tokenmill dev up` starts a local one; set "
+               "--bootstrap-servers or TOKENMILL_BOOTSTRAP_SERVERS)")
 
 
 class _LibrdkafkaLog:
@@ -134,13 +145,20 @@ def check_broker(settings: Settings, timeout_s: float | None = None) -> str:
     try:
         metadata = client.list_topics(timeout=timeout)
     except KafkaException as exc:
+        reason = (f"no answer within {timeout:g}s "
+                  f"({exc.args[0].str() if exc.args else exc})")
         raise BrokerUnreachable(
-            f"cannot reach Kafka at {settings.bootstrap_servers} within {timeout:.0f}s "
-            f"({exc.args[0].str() if exc.args else exc}); is the broker running? "
-            "(`tokenmill dev up` starts a local one; set --bootstrap-servers or "
-            "TOKENMILL_BOOTSTRAP_SERVERS)"
-        ) from None
+            f"cannot reach Kafka at {settings.bootstrap_servers}: {reason}; {BROKER_HINT}",
+            reason) from None
     return str(metadata.cluster_id)
+
+
+def wait_for_broker(settings: Settings) -> str:
+    """`check_broker` until the broker answers, for up to the start-up
+    timeout (logged while waiting); the cluster id, or DependencyDown."""
+    wait = StartupWait("Kafka", settings.bootstrap_servers,
+                       timeout_s=settings.startup_timeout_s, hint=BROKER_HINT)
+    return wait_until_up(lambda: check_broker(settings), wait, down=(BrokerUnreachable,))
 
 
 def ensure_topics(

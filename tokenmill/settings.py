@@ -8,11 +8,15 @@ prints its value.
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlparse
 
 import click
 import msgspec
@@ -69,14 +73,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: LogFormat = "auto"
     connect_timeout_s: float = 10.0
+    startup_timeout_s: float = 120.0
+    # field -> the flag or variable its value came from (absent: the default)
+    sources: dict[str, str] = msgspec.field(default_factory=dict)
 
     def redacted(self) -> dict[str, Any]:
         """Settings as a plain dict for logging, with secrets masked."""
         out: dict[str, Any] = {}
         for name in self.__struct_fields__:
+            if name == "sources":
+                continue
             value = getattr(self, name)
             out[name] = "***" if isinstance(value, Secret) else str(value) if isinstance(value, Path) else value
         return out
+
+    def source(self, name: str) -> str:
+        """Where a setting's value came from, for error messages."""
+        option = OPTION_BY_NAME[name]
+        return self.sources.get(name) or f"{option.flag} / {option.env}"
 
 
 @dataclass(frozen=True)
@@ -103,29 +117,130 @@ OPTIONS: tuple[Option, ...] = (
     Option("ssl_ca_location", "CA certificate file for TLS."),
     Option("ssl_certificate_location", "Client certificate file for mutual TLS."),
     Option("ssl_key_location", "Client key file for mutual TLS."),
-    Option("s3_endpoint_url", "S3 endpoint URL (unset: AWS S3)."),
+    Option("s3_endpoint_url", "S3 endpoint URL, http(s)://host[:port] (unset: AWS S3)."),
     Option("s3_region", "S3 region."),
     Option("s3_bucket", "S3 bucket for completions."),
     Option("s3_prefix", "Key prefix inside the bucket."),
     Option("state_dir", "Local state directory (dev stack, spool, rejects)."),
     Option("log_level", "Log level: debug, info, warning, error."),
     Option("log_format", "Log format: auto (JSON unless a terminal), json, console."),
-    Option("connect_timeout_s", "Seconds to wait for Kafka before giving up."),
+    Option("connect_timeout_s", "Seconds one attempt to reach Kafka may take (0 < s <= 3600)."),
+    Option("startup_timeout_s", "Seconds a service waits at start for Kafka, S3 or its SGLang "
+                                "server to come up (0: do not wait)."),
 )
+OPTION_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+# --- checks of single values: None when fine, else what is wrong ------------
+
+
+def seconds_problem(value: float, *, minimum: float, maximum: float,
+                    min_open: bool = False) -> str | None:
+    """A finite number of seconds within [minimum, maximum] (or (minimum, ...])."""
+    if not math.isfinite(value):
+        return "expected a finite number of seconds"
+    if value < minimum or (min_open and value == minimum) or value > maximum:
+        low = f"> {minimum:g}" if min_open else f">= {minimum:g}"
+        return f"expected a number of seconds {low} and <= {maximum:g}"
+    return None
+
+
+def http_url_problem(url: str) -> str | None:
+    """An http(s) URL with a host and, if given, a valid port."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return "expected an http(s) URL with a host (e.g. http://127.0.0.1:9000)"
+    try:
+        parsed.port  # noqa: B018 - raises on a malformed or out-of-range port
+    except ValueError:
+        return "the URL has a malformed port"
+    return None
+
+
+def bootstrap_problem(servers: str) -> str | None:
+    for part in servers.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")  # [::1]:9092
+        if not sep or not host or any(c.isspace() for c in host) or not port.isdigit():
+            return "expected host:port[,host:port]"
+        if not 1 <= int(port) <= 65535:
+            return f"port {port} is not within 1-65535"
+    return None
+
+
+_REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # us-east-1, auto, RegionOne
+# Loose on purpose (S3-compatible stores and legacy buckets differ): what is
+# refused here is never a bucket name, e.g. an s3:// URL or a key path.
+BUCKET_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+
+
+def region_problem(region: str) -> str | None:
+    return None if _REGION.match(region) else "expected a region name like us-east-1"
+
+
+def bucket_problem(bucket: str) -> str | None:
+    return None if BUCKET_PATTERN.match(bucket) else (
+        "expected a bucket name: letters, digits, '.', '_' or '-' (no '/', no s3:// prefix)")
+
+
+def state_dir_problem(path: Path) -> str | None:
+    if path.exists() and not path.is_dir():
+        return "exists and is not a directory"
+    return None
+
+
+def file_problem(path: str) -> str | None:
+    return None if Path(path).expanduser().is_file() else "no such file"
+
+
+VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "bootstrap_servers": bootstrap_problem,
+    "ssl_ca_location": file_problem,
+    "ssl_certificate_location": file_problem,
+    "ssl_key_location": file_problem,
+    "s3_endpoint_url": http_url_problem,
+    "s3_region": region_problem,
+    "s3_bucket": bucket_problem,
+    "state_dir": state_dir_problem,
+    "connect_timeout_s": lambda v: seconds_problem(v, minimum=0, maximum=3600, min_open=True),
+    "startup_timeout_s": lambda v: seconds_problem(v, minimum=0, maximum=7 * 86400),
+}
+# Spelled either way by users; librdkafka and logging do not care.
+_UPPER = {"security_protocol", "sasl_mechanism"}
+_LOWER = {"log_level", "log_format"}
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    hint = typing.get_type_hints(Settings)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) == 1 and typing.get_origin(args[0]) is Literal:
+        args = list(typing.get_args(args[0]))
+    return tuple(str(a) for a in args)
 
 
 def _convert(option: Option, raw: Any, source: str) -> Any:
     if option.secret:
         return Secret(str(raw))
+    if isinstance(raw, str):
+        raw = raw.strip()
+        raw = raw.upper() if option.name in _UPPER else raw.lower() if option.name in _LOWER else raw
     if option.name == "state_dir":
-        return Path(str(raw)).expanduser().absolute()
-    try:
-        # Build a one-field Settings to reuse msgspec's typed conversion.
-        converted = msgspec.convert({option.name: raw}, Settings, strict=False)
-    except msgspec.ValidationError as exc:
-        detail = str(exc).split(" - at ")[0]
-        raise SettingsError(f"invalid value {raw!r} for {source}: {detail}") from None
-    return getattr(converted, option.name)
+        value: Any = Path(str(raw)).expanduser().absolute()
+    else:
+        try:
+            # Build a one-field Settings to reuse msgspec's typed conversion.
+            converted = msgspec.convert({option.name: raw}, Settings, strict=False)
+        except msgspec.ValidationError as exc:
+            detail = str(exc).split(" - at ")[0]
+            if "enum value" in detail:
+                detail = "expected one of " + ", ".join(_choices(option.name))
+            raise SettingsError(f"invalid value {raw!r} for {source}: {detail}") from None
+        value = getattr(converted, option.name)
+    check = VALUE_CHECKS.get(option.name)
+    problem = check(value) if check is not None else None
+    if problem:
+        raise SettingsError(f"invalid value {str(raw)!r} for {source}: {problem}")
+    return value
 
 
 def load_settings(
@@ -136,37 +251,74 @@ def load_settings(
     flags = flags or {}
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for option in OPTIONS:
         raw = flags.get(option.name)
         if raw is not None:
-            values[option.name] = _convert(option, raw, option.flag)
+            sources[option.name] = option.flag
         elif option.env in environ and environ[option.env] != "":
-            values[option.name] = _convert(option, environ[option.env], option.env)
-    settings = Settings(**values)
+            raw = environ[option.env]
+            sources[option.name] = option.env
+        else:
+            continue
+        values[option.name] = _convert(option, raw, sources[option.name])
+    settings = Settings(**values, sources=sources)
     _check_consistency(settings)
     return settings
 
 
 def _check_consistency(settings: Settings) -> None:
-    if settings.security_protocol.startswith("SASL") and not settings.sasl_mechanism:
+    """Combinations that cannot work, or that would silently be ignored."""
+    protocol = settings.security_protocol
+    if protocol.startswith("SASL") and not settings.sasl_mechanism:
         raise SettingsError(
-            f"--security-protocol {settings.security_protocol} needs --sasl-mechanism "
+            f"{settings.source('security_protocol')} {protocol} needs --sasl-mechanism "
             f"(or {ENV_PREFIX}SASL_MECHANISM)"
         )
+    # A mechanism says SASL was meant; credentials alone may come from a
+    # shared secret store and are simply unused without SASL.
+    if not protocol.startswith("SASL") and settings.sasl_mechanism is not None:
+        raise SettingsError(
+            f"{settings.source('sasl_mechanism')} is set but the security protocol is "
+            f"{protocol}: it would be ignored; use --security-protocol SASL_SSL or "
+            f"SASL_PLAINTEXT ({ENV_PREFIX}SECURITY_PROTOCOL)")
     if settings.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
         settings.sasl_username and settings.sasl_password
     ):
         raise SettingsError(
-            f"--sasl-mechanism {settings.sasl_mechanism} needs --sasl-username and a password "
-            f"({ENV_PREFIX}SASL_PASSWORD)"
+            f"{settings.source('sasl_mechanism')} {settings.sasl_mechanism} needs "
+            f"--sasl-username and a password ({ENV_PREFIX}SASL_PASSWORD)"
         )
-    for part in settings.bootstrap_servers.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise SettingsError(
-                f"invalid value {settings.bootstrap_servers!r} for --bootstrap-servers / "
-                f"{ENV_PREFIX}BOOTSTRAP_SERVERS: expected host:port[,host:port]"
-            )
+    if not protocol.endswith("SSL"):
+        for name in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
+            if getattr(settings, name) is not None:
+                raise SettingsError(
+                    f"{settings.source(name)} is set but the security protocol is {protocol}: "
+                    "it would be ignored; use --security-protocol SSL or SASL_SSL "
+                    f"({ENV_PREFIX}SECURITY_PROTOCOL)")
+    if (settings.ssl_certificate_location is None) != (settings.ssl_key_location is None):
+        given = "ssl_certificate_location" if settings.ssl_key_location is None else "ssl_key_location"
+        raise SettingsError(f"{settings.source(given)} needs its pair: mutual TLS takes both "
+                            "--ssl-certificate-location and --ssl-key-location")
+
+
+def writable_state_dir(settings: Settings, *parts: str) -> Path:
+    """The state directory (or a folder in it), created if missing; a usage
+    error naming the setting when it cannot be created or written."""
+    path = settings.state_dir.joinpath(*parts)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise SettingsError(f"invalid value '{settings.state_dir}' for "
+                            f"{settings.source('state_dir')}: {path} is not a directory") from None
+    except OSError as exc:
+        raise SettingsError(f"invalid value '{settings.state_dir}' for "
+                            f"{settings.source('state_dir')}: cannot create {path}: "
+                            f"{exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SettingsError(f"invalid value '{settings.state_dir}' for "
+                            f"{settings.source('state_dir')}: {path} is not writable")
+    return path
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -19,6 +19,7 @@ from ops.dataset.index import DatasetSummary
 from ops.dataset.lineage import LineageError, describe, kind_of
 from ops.dataset.sources import Lineage, build_index, load_lineage
 from tokenmill.commandline import register_known_error, service_command
+from tokenmill.flag_types import RUN_ID
 from tokenmill.settings import Settings
 
 register_known_error(LineageError)
@@ -88,7 +89,7 @@ def render(found: Lineage, r: dict[str, Any]) -> Group:
 
 
 @click.command("dataset")
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 @service_command
 def dataset(settings: Settings, run_id: str, as_json: bool) -> None:

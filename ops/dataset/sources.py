@@ -19,6 +19,7 @@ from tokenmill.progress import RunProgress, read_run_progress
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
+
 class _Envelope(msgspec.Struct):
     """The parts of a `schemas.DeadLetter` a lineage needs."""
 

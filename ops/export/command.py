@@ -41,6 +41,7 @@ from sink.s3_writer import make_client
 from sink.service import tune_gc
 from tokenmill import crashpoints
 from tokenmill.commandline import register_known_error, service_command
+from tokenmill.flag_types import RUN_ID
 from tokenmill.log import get_logger
 from tokenmill.progress_bars import progress_bars
 from tokenmill.settings import Settings
@@ -221,7 +222,7 @@ def _seal(writer: ShardWriter, current: Manifest, dest: Destination) -> None:
 
 
 @click.command("export")
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.option("--format", "fmt", type=click.Choice(formats.FORMATS), required=True,
               help="openai (messages + reasoning_content), sharegpt (conversations), "
                    "specforge (SpecForge's JSONL, reasoning in <think>), parquet.")

@@ -33,7 +33,7 @@ from consumer.sglang_client import (
     Generated,
     PromptRejected,
     Retryable,
-    ServerMisconfigured,
+    ServerRefused,
     ServerUnavailable,
     SGLangClient,
 )
@@ -236,7 +236,7 @@ class Sweep:
         except PromptRejected as exc:
             request.outcome, request.error = "rejected", f"{exc.kind}: {exc}"
             return
-        except (Retryable, ServerUnavailable) as exc:
+        except (Retryable, ServerRefused, ServerUnavailable) as exc:
             request.outcome, request.error = "failed", str(exc)
             unavailable = isinstance(exc, ServerUnavailable)
             return

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from schemas import Completion
-
 from tests.consumer.pipeline import (
     ConsumerProcess,
     committed_records,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from ops.replay import ReplayRefused, create_replay, replay_spec
 from tests.consumer.pipeline import (
     ConsumerProcess,
     committed_records,
@@ -15,7 +16,6 @@ from tests.consumer.pipeline import (
 )
 from tokenmill.cli import cli
 from tokenmill.registry import RunRegistry
-from ops.replay import ReplayRefused, create_replay, replay_spec
 from tokenmill.simulator import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker]

@@ -26,12 +26,14 @@ from tests.consumer.pipeline import (
 )
 from tests.sink.sink_helpers import (
     assert_exactly_once,
-    create_run as create_sink_run,
     feed,
     make_spec,
     publish_done,
     start_sink,
     variant,
+)
+from tests.sink.sink_helpers import (
+    create_run as create_sink_run,
 )
 from tokenmill import groups, kafka_clients, topics
 from tokenmill.simulator import SimulatorConfig, running_simulator

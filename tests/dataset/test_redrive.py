@@ -12,8 +12,7 @@ import pytest
 from confluent_kafka import Producer
 from rich.console import Console
 
-from ops.redrive import RedriveRefused, parse_reasons, redrive_spec, run_redrive, \
-    spool_dead_letters
+from ops.redrive import RedriveRefused, parse_reasons, redrive_spec, run_redrive, spool_dead_letters
 from producer.errors import ProducerError
 from producer.spool import SpoolReader, SpoolWriter, bucket_path
 from schemas import (

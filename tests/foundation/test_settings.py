@@ -29,8 +29,8 @@ def test_malformed_flag_value_names_the_flag() -> None:
         load_settings({"security_protocol": "TLS9"}, {})
 
 
-def test_malformed_bootstrap_names_flag_and_variable() -> None:
-    with pytest.raises(SettingsError, match="--bootstrap-servers / TOKENMILL_BOOTSTRAP_SERVERS"):
+def test_malformed_bootstrap_names_the_variable_it_came_from() -> None:
+    with pytest.raises(SettingsError, match="for TOKENMILL_BOOTSTRAP_SERVERS: expected host:port"):
         load_settings({}, {"TOKENMILL_BOOTSTRAP_SERVERS": "no-port-here"})
 
 

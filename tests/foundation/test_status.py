@@ -2,10 +2,10 @@
 
 from rich.console import Console
 
+from ops.status import render, summarize
 from schemas import Estimate, GenerationSettings, RunSpec
 from schemas.progress import ConsumerProgress, ProducerCheckpoint, SinkProgress
 from tokenmill.progress import RunProgress
-from ops.status import render, summarize
 
 SPEC = RunSpec(run_id="r", partitions=4, generation=GenerationSettings(max_tokens=4096),
                estimate=Estimate(requests_per_s=10.0, output_tokens=2400))

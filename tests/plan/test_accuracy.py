@@ -44,11 +44,10 @@ import pytest
 from consumer.sglang_client import SGLangClient, request_body
 from ops.plan.dataset import read_sample
 from producer import synthetic
+from producer.inputs import fingerprint, resolve
 from schemas.plan import plan_decoder
 from schemas.prompt import PromptRecord
-from schemas.run import GenerationSettings
-from producer.inputs import fingerprint, resolve
-from schemas.run import RunSpec
+from schemas.run import GenerationSettings, RunSpec
 from tests.consumer.pipeline import (
     ConsumerProcess,
     committed_records,

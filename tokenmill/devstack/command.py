@@ -12,7 +12,8 @@ from rich.table import Table
 
 from tokenmill.commandline import service_command
 from tokenmill.devstack import stack
-from tokenmill.settings import Settings
+from tokenmill.flag_types import HEAP, PORT, Pattern, seconds
+from tokenmill.settings import BUCKET_PATTERN, Settings, writable_state_dir
 
 console = Console(stderr=True)
 
@@ -31,12 +32,14 @@ def dev() -> None:
               help="Kafka nodes (KRaft, broker+controller each); 3 gives replication factor 3 "
                    "with min.insync.replicas 2. Node i listens on --kafka-port + 2i and "
                    "--controller-port + 2i.")
-@click.option("--kafka-port", default=9092, show_default=True, type=int)
-@click.option("--controller-port", default=9093, show_default=True, type=int)
-@click.option("--s3-port", default=9000, show_default=True, type=int)
-@click.option("--bucket", default=stack.DEFAULT_BUCKET, show_default=True)
-@click.option("--kafka-heap", default="1g", show_default=True, help="Heap limit of each broker JVM.")
-@click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=float,
+@click.option("--kafka-port", default=9092, show_default=True, type=PORT)
+@click.option("--controller-port", default=9093, show_default=True, type=PORT)
+@click.option("--s3-port", default=9000, show_default=True, type=PORT)
+@click.option("--bucket", default=stack.DEFAULT_BUCKET, show_default=True,
+              type=Pattern(BUCKET_PATTERN.pattern, "expected an S3 bucket name"))
+@click.option("--kafka-heap", default="1g", show_default=True, type=HEAP,
+              help="Heap limit of each broker JVM.")
+@click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=seconds(0, 3600),
               help="Seconds to wait for the services to answer.")
 @service_command
 def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, s3_port: int,
@@ -49,8 +52,14 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
       eval "$(tokenmill dev up)"
       eval "$(tokenmill dev up --brokers 3)"
     """
+    ports = [*(kafka_port + 2 * i for i in range(brokers)),
+             *(controller_port + 2 * i for i in range(brokers)), s3_port]
+    if max(ports) > 65535 or len(set(ports)) < len(ports):
+        raise click.UsageError(f"--kafka-port, --controller-port and --s3-port must leave "
+                               f"{len(ports)} distinct ports up to 65535 for {brokers} "
+                               "broker(s) (node i uses --kafka-port + 2i and --controller-port + 2i)")
     plan = stack.StackPlan.on_ports(
-        settings.state_dir, kafka_port=kafka_port, controller_port=controller_port,
+        writable_state_dir(settings), kafka_port=kafka_port, controller_port=controller_port,
         brokers=brokers, s3_port=s3_port, bucket=bucket, kafka_heap=kafka_heap,
         timeout_s=timeout_s,
     )

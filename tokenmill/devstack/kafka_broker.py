@@ -63,12 +63,13 @@ def fetch_jars(on_progress: Callable[[str], None] | None = None) -> Path:
     """Resolve the broker's runtime jars once; later calls reuse them.
 
     `on_progress` receives a short line per downloaded file. Several processes
-    may call this at once: one fetches, the others wait for it."""
+    may call this at once: one fetches, the others wait for it. A missing
+    Java is reported also when the jars are cached: the broker needs it."""
     lib = cache_dir() / "lib"
     marker = lib / ".complete"
-    if marker.is_file():
+    if marker.is_file() and shutil.which("java") is not None:
         return lib
-    problems = prerequisites.broker_problems(need_maven=True)
+    problems = prerequisites.broker_problems(need_maven=not marker.is_file())
     if problems:
         raise BrokerSetupError(prerequisites.one_line(problems))
     cache_dir().mkdir(parents=True, exist_ok=True)

@@ -19,8 +19,9 @@ from typing import Any
 import click
 from aiohttp import web
 
+from tokenmill.flag_types import FiniteFloat
 from tokenmill.log import configure, get_logger
-from tokenmill.simulator.config import SimulatorConfig
+from tokenmill.simulator.config import InvalidConfig, SimulatorConfig
 from tokenmill.simulator.server import create_app
 
 READY_PREFIX = "tokenmill sim-sglang listening on "
@@ -89,8 +90,8 @@ class _Optional(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
             return None
         try:
-            return self.inner(value)
-        except ValueError:
+            return FiniteFloat().convert(value, param, ctx) if self.inner is float else self.inner(value)
+        except (ValueError, click.BadParameter):
             self.fail(f"{value!r} is not a valid {self.inner.__name__} or 'none'", param, ctx)
 
 
@@ -109,7 +110,8 @@ def _options(command: Any) -> Any:
             command = click.option(flag, field, type=click.Choice(["empty", "null"]),
                                    default=value, show_default=True, help=help_text)(command)
         else:
-            ptype: Any = _Optional(kind) if optional else kind
+            ptype: Any = (_Optional(kind) if optional else FiniteFloat() if kind is float
+                          else kind)
             command = click.option(flag, field, type=ptype, default=value,
                                    show_default=True, help=help_text)(command)
     return command
@@ -147,17 +149,19 @@ async def _serve(config: SimulatorConfig) -> None:
 
 @click.command("sim-sglang", context_settings={"help_option_names": ["-h", "--help"],
                                                "max_content_width": 100})
-@click.option("--log-level", default="info", show_default=True, help="Log level.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              help="Log level.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
               show_default=True, help="Log rendering.")
 @_options
 def sim_sglang(log_level: str, log_format: str, **fields: Any) -> None:
     """An SGLang-compatible test server: OpenAI chat API, faults, capacity model."""
-    configure(log_level, log_format)  # type: ignore[arg-type]
+    configure(log_level.lower(), log_format)  # type: ignore[arg-type]
     try:
         config = SimulatorConfig(**fields).validate()
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    except InvalidConfig as exc:
+        raise click.BadParameter(str(exc), param_hint="--" + exc.field.replace("_", "-")) from None
     try:
         asyncio.run(_serve(config))
     except OSError as exc:

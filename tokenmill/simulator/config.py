@@ -7,11 +7,28 @@ between the in-process and the subprocess simulator without loss.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
 
 EmptyContent = Literal["empty", "null"]
+
+
+class InvalidConfig(ValueError):
+    """A setting that cannot work; `field` names it (the CLI maps it to its flag)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# field -> smallest value that works
+_MINIMA: dict[str, float] = {
+    "port": 0, "eos_token_id": 0, "decode_rate": 0, "prefill_rate": 0, "max_total_tok_s": 0,
+    "max_total_num_tokens": 1, "speculative_num_draft_tokens": 1, "length_sigma": 0,
+    "warmup_seconds": 0, "stall_seconds": 0, "crash_after": 1,
+}
 
 
 class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -76,26 +93,42 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
         return self.speculative_accept_length > 1.0
 
     def validate(self) -> SimulatorConfig:
-        """Reject settings that cannot work; returns self so it chains."""
+        """Reject settings that cannot work (InvalidConfig naming the field);
+        returns self so it chains."""
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidConfig(name, f"{name} must be a finite number, got {value}")
+            if name in _MINIMA and value is not None and value < _MINIMA[name]:
+                raise InvalidConfig(name, f"{name} must be >= {_MINIMA[name]:g}, got {value}")
         for name in ("error_rate", "stall_rate", "abort_rate", "empty_rate", "trivial_rate",
                      "tool_call_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be within [0, 1], got {value}")
+                raise InvalidConfig(name, f"{name} must be within [0, 1], got {value}")
+        if self.port > 65535:
+            raise InvalidConfig("port", f"port must be within 0-65535, got {self.port}")
+        if not 400 <= self.error_status <= 599:
+            raise InvalidConfig("error_status", "error_status must be an HTTP error status "
+                                f"(400-599), got {self.error_status}")
         if self.max_running_requests < 1:
-            raise ValueError("max_running_requests must be >= 1")
+            raise InvalidConfig("max_running_requests", "max_running_requests must be >= 1")
         if self.time_scale <= 0:
-            raise ValueError("time_scale must be > 0")
+            raise InvalidConfig("time_scale", "time_scale must be > 0")
         if self.context_length < 16:
-            raise ValueError("context_length must be >= 16")
+            raise InvalidConfig("context_length", "context_length must be >= 16")
         if not 1 <= self.length_min <= self.length_max:
-            raise ValueError("need 1 <= length_min <= length_max")
+            raise InvalidConfig("length_min", "need 1 <= length_min <= length_max")
+        if self.length_median <= 0:
+            raise InvalidConfig("length_median", "length_median must be > 0")
         if self.speculative_accept_length < 1.0:
-            raise ValueError("speculative_accept_length must be >= 1")
+            raise InvalidConfig("speculative_accept_length", "speculative_accept_length must be >= 1")
         if self.speculative and self.speculative_accept_length > self.speculative_num_draft_tokens:
-            raise ValueError("speculative_accept_length cannot exceed speculative_num_draft_tokens")
+            raise InvalidConfig("speculative_accept_length", "speculative_accept_length cannot "
+                                "exceed speculative_num_draft_tokens")
         if not 0.0 <= self.thinking_share_min <= self.thinking_share_max <= 1.0:
-            raise ValueError("need 0 <= thinking_share_min <= thinking_share_max <= 1")
+            raise InvalidConfig("thinking_share_min",
+                                "need 0 <= thinking_share_min <= thinking_share_max <= 1")
         return self
 
 
