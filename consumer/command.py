@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import socket
-import sys
 from urllib.parse import urlparse
 
 import click
@@ -15,7 +14,7 @@ from consumer.backoff import RetryPolicy
 from consumer.health import wait_for_server
 from consumer.worker import FatalWorkerError, Worker, WorkerConfig
 from tokenmill import kafka_clients
-from tokenmill.commandline import exit_now, register_known_error, service_command
+from tokenmill.commandline import exit_now, finish_now, register_known_error, service_command
 from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings, http_url_problem
@@ -146,4 +145,4 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         code = asyncio.run(Worker(settings, spec, config).run())
     except (FatalWorkerError, KafkaFatal) as exc:
         exit_now(str(exc))
-    sys.exit(code)
+    finish_now(code)

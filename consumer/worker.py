@@ -119,6 +119,7 @@ class Worker:
         self.wasted: dict[str, int] = {}
         self.latency_s = 0.0  # moving average of request latency
         self.others_seen = False  # another worker was in the group at the last look
+        self.run_done = False  # every prompt of the run has a committed result
         self.server: ServerSnapshot | None = None  # the server's last /metrics reading
         self._pause = PausePolicy()
         self._wake = asyncio.Event()
@@ -438,13 +439,22 @@ class Worker:
         repair partitions no member owns (classic)."""
         assert self._members is not None
         admin = kafka_clients.admin(self.settings)
+        offsets = kafka_clients.consumer(self.settings, self.group)  # never subscribes
         stranded = groups.StrandedWatch(f"{self.config.instance}#",
                                         grace_s=3 * self.config.fleet_interval_s)
+        try:
+            await self._watch_fleet(admin, offsets, stranded)
+        finally:
+            offsets.close()
+
+    async def _watch_fleet(self, admin: Any, offsets: Any, stranded: groups.StrandedWatch
+                           ) -> None:
+        assert self._members is not None
         while not self.stopping:
             await asyncio.sleep(self.config.fleet_interval_s)
             try:
                 view, state = await asyncio.to_thread(
-                    read_view, admin, group=self.group, topic=self.prompts_topic,
+                    read_view, admin, offsets, group=self.group, topic=self.prompts_topic,
                     partitions=self.spec.partitions,
                     timeout_s=max(5.0, self.settings.connect_timeout_s))
             except ViewUnavailable as exc:
@@ -527,6 +537,7 @@ class Worker:
             if state.generation_done:
                 log.info("run fully generated; stopping", published=state.published,
                          generated=state.generated)
+                self.run_done = True
                 self.request_stop()
                 return
 
@@ -659,6 +670,8 @@ class Worker:
                 log.warning("drain timeout: abandoning in-flight requests",
                             in_flight=self.in_flight)
         self._commit()
+        if self.run_done:
+            return  # nothing left for anyone: no need to hand partitions over
         # Leaving the group revokes every partition: the revoke commits what
         # is ready and drops the rest (counted as wasted).
         self._members.close_all()
@@ -673,7 +686,7 @@ class Worker:
         if self.fatal is not None:
             return
         try:
-            if self._members is not None:
+            if self._members is not None and not self.run_done:
                 self._members.close_all()
             if self._producer is not None:
                 with self.watchdog.guard("flushing the producer", 30):

@@ -39,6 +39,14 @@ def _known_errors() -> tuple[type[BaseException], ...]:
             BrokerSetupError, FileNotFoundError, *_known)
 
 
+def finish_now(code: int = 0) -> NoReturn:
+    """A service that finished: out at once, after flushing its output. Its
+    work is committed; finalizers of Kafka clients could only block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def exit_now(message: str, code: int = 1) -> NoReturn:
     """A service that cannot go on: one line, then out at once. No
     finalizers run: destroying a Kafka client whose broker is gone can block,
