@@ -76,7 +76,7 @@ class FleetView(msgspec.Struct, frozen=True):
 class Params(msgspec.Struct, frozen=True):
     min_slack_s: float = 5.0  # ETA differences below this are noise
     slack_share: float = 0.1  # ... or below this share of the fleet's ETA
-    max_open_per_round: int = 2
+    max_open_per_round: int = 4
     max_slots: int = 256
 
 
@@ -153,24 +153,28 @@ def eta(backlog: float, rate: float) -> float:
 
 
 def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
-           my_latency_s: float, params: Params = Params()) -> Decision:
-    """What worker `me` does with its own slots, given the fleet."""
+           my_latency_s: float, settled: bool = True, params: Params = Params()) -> Decision:
+    """What worker `me` does with its own slots, given the fleet. `settled`:
+    the set of workers has not changed for a while (at start, the fleet is
+    still joining: a worker that opened its fair share of one would take
+    partitions its late peers need)."""
     mine = [m for m in view.members if m.worker == me]
     standbys = [m for m in mine if not m.partitions]
-    if not view.stable:
-        return Decision(why="group rebalancing")
     total = view.total_backlog()
-    if not mine:
-        # It gave its last partition away: back into the group as a standby.
-        return Decision(open=1, why="rejoin as a standby") if total else Decision()
     # 1. fewer members than partitions: open slots up to this worker's fair
     # share of the partitions (by rate; equal until measured), so that the
-    # assignor ends with one partition per member, spread by capacity.
-    if len(view.members) < view.partitions:
+    # assignor ends with one partition per member, spread by capacity. Also
+    # while the group rebalances: at start it rebalances all the time.
+    if mine and settled and len(view.members) < view.partitions:
         want = min(fair_share(view, rates, me), params.max_slots)
         if len(mine) < want:
             return Decision(open=min(want - len(mine), params.max_open_per_round),
                             why=f"towards {want} slots, one partition each")
+    if not view.stable:
+        return Decision(why="group rebalancing")
+    if not mine:
+        # It gave its last partition away: back into the group as a standby.
+        return Decision(open=1, why="rejoin as a standby") if total else Decision()
     if total == 0 or not rates or me not in rates:
         if standbys and total == 0:
             return Decision(close=tuple(m.slot for m in standbys), why="no work left")

@@ -120,6 +120,7 @@ class Worker:
         self.latency_s = 0.0  # moving average of request latency
         self.others_seen = False  # another worker was in the group at the last look
         self.run_done = False  # every prompt of the run has a committed result
+        self._last_workers: frozenset[str] = frozenset()  # at the previous fleet view
         self.server: ServerSnapshot | None = None  # the server's last /metrics reading
         self._pause = PausePolicy()
         self._wake = asyncio.Event()
@@ -470,12 +471,15 @@ class Worker:
                         self._members.rejoin(name)
                 continue
             if self.config.fleet_balancing:
-                self._balance(view)
+                workers = frozenset(view.workers())
+                settled = workers == self._last_workers
+                self._last_workers = workers
+                self._balance(view, settled)
 
-    def _balance(self, view: FleetView) -> None:
+    def _balance(self, view: FleetView, settled: bool) -> None:
         assert self._members is not None
         decision = decide(view, self._rates.rates_for(view.workers()), self.config.instance,
-                          my_latency_s=self.latency_s)
+                          my_latency_s=self.latency_s, settled=settled)
         if decision.open or decision.close:
             log.info("fleet: adjusting slots", open=decision.open, close=list(decision.close),
                      why=decision.why)

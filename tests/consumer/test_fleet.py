@@ -45,15 +45,21 @@ def test_backlog_ignores_the_final_commit_marker() -> None:
     assert v.backlog(0) == 0 and v.total_backlog() == 0
 
 
-def test_nothing_while_the_group_rebalances() -> None:
+def test_while_the_group_rebalances_only_the_fair_share_is_opened() -> None:
     v = view({"a": [[0, 1, 2, 3]]}, {p: 10 for p in range(4)}, stable=False)
-    assert decide(v, {"a": 1.0}, "a", my_latency_s=1) == Decision(why="group rebalancing")
+    assert decide(v, {"a": 1.0}, "a", my_latency_s=1).open == 3
+    # ... and only once the fleet stopped joining
+    assert decide(v, {"a": 1.0}, "a", my_latency_s=1, settled=False) == Decision(
+        why="group rebalancing")
+    v = view({"a": [[0], [], [2], [3]], "b": [[1]]}, {p: 100 for p in range(4)}, stable=False)
+    assert decide(v, {"a": 1.0, "b": 1.0}, "b", my_latency_s=1) == Decision(
+        why="group rebalancing")  # no donations while partitions move
 
 
 def test_fewer_members_than_partitions_open_slots_up_to_the_fair_share() -> None:
     v = view({"a": [[0, 1, 2, 3]]}, {p: 10 for p in range(4)})
     decision = decide(v, {}, "a", my_latency_s=1)
-    assert decision.open == 2 and "towards 4 slots" in decision.why  # at most two per round
+    assert decision.open == 3 and "towards 4 slots" in decision.why
     # two workers, equal until measured: two slots each
     v = view({"a": [[0, 1], [2]], "b": [[3, 4, 5]]}, {p: 10 for p in range(6)})
     assert decide(v, {}, "a", my_latency_s=1).open == 1
