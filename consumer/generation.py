@@ -79,13 +79,7 @@ class Generator:
             try:
                 result = await self.client.chat(
                     request_body(prompt, self.spec.generation, attempts))
-            except PromptRejected as exc:
-                if not self._record_failure(exc.kind, str(exc)):
-                    attempts -= 1
-                    continue
-                return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status, attempts,
-                                            started), retries)
-            except ServerRefused as exc:
+            except (PromptRejected, ServerRefused) as exc:
                 if not self._record_failure(exc.kind, str(exc)):
                     attempts -= 1
                     continue

@@ -22,6 +22,7 @@ from tests.kafka_helpers import read_all
 from tokenmill import progress, topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
+from tokenmill.simulator import SimulatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,6 +159,20 @@ class ConsumerProcess:
                 self.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+# ~0.2-0.6 s per request: slow enough that crashes and commits catch work in
+# flight (a commit every 0.5 s holds a few dozen results).
+PACED = SimulatorConfig(decode_rate=200.0, length_median=60, length_sigma=0.4, length_max=200,
+                        max_running_requests=256, prefill_rate=0)
+
+
+def check_exactly_once(settings: Settings, run_id: str, prompts: list[PromptRecord]) -> list[Any]:
+    """Every prompt has exactly one committed record; returns the records."""
+    records = committed_records(settings, run_id)
+    assert duplicates(records) == {}
+    assert {r.id for r in records} == {p.id for p in prompts}
+    return records
 
 
 def wait_until(predicate: Any, timeout_s: float, message: str = "condition") -> None:

@@ -11,31 +11,22 @@ import time
 import pytest
 
 from tests.consumer.pipeline import (
+    PACED,
     ConsumerProcess,
-    committed_records,
+    check_exactly_once,
     consumer_progress,
     create_run,
-    duplicates,
     make_prompts,
     publish,
     wait_until,
 )
 from tests.kafka_helpers import read_all
 from tokenmill import groups, kafka_clients, topics
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from tokenmill.simulator import running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-# ~0.2-0.6 s per request: a commit every 0.5 s holds a few dozen results.
-PACED = SimulatorConfig(decode_rate=200.0, length_median=60, length_sigma=0.4, length_max=200,
-                        max_running_requests=256, prefill_rate=0)
 
-
-def _exactly_once(settings, run_id, prompts) -> list:
-    records = committed_records(settings, run_id)
-    assert duplicates(records) == {}
-    assert {r.id for r in records} == {p.id for p in prompts}
-    return records
 
 
 def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
@@ -62,7 +53,7 @@ def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
             assert restarted.wait(180) == 0, restarted.log()[-3000:]
         finally:
             restarted.stop()
-    records = _exactly_once(settings, run_id, prompts)
+    records = check_exactly_once(settings, run_id, prompts)
     assert {r.id.encode() for r in records} >= hidden  # redone and committed once
 
 
@@ -87,7 +78,7 @@ def test_a_duplicate_instance_ends_the_older_one_with_one_line(settings, run_id,
         finally:
             older.stop()
             newer.stop()
-    _exactly_once(settings, run_id, prompts)
+    check_exactly_once(settings, run_id, prompts)
 
 
 def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_id,
@@ -127,7 +118,7 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
         finally:
             zombie.stop()
             other.stop()
-    records = _exactly_once(settings, run_id, prompts)
+    records = check_exactly_once(settings, run_id, prompts)
     assert zombie.events("partitions lost; their uncommitted work is dropped") or any(
         "transaction aborted" in line for line in zombie.log().splitlines())
     assert {r.instance for r in records} == {"zombie", "other"}

@@ -14,11 +14,11 @@ from kafka.admin import KafkaAdminClient
 
 from schemas import Completion, Failure, decode_completion
 from tests.consumer.pipeline import (
+    PACED,
     ConsumerProcess,
-    committed_records,
+    check_exactly_once,
     consumer_progress,
     create_run,
-    duplicates,
     make_prompts,
     publish,
     sim_metrics,
@@ -31,16 +31,7 @@ from tokenmill.simulator import SimulatorConfig, SimulatorProcess, running_simul
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-# ~0.2-0.6 s per request: slow enough that crashes catch work in flight.
-PACED = SimulatorConfig(decode_rate=200.0, length_median=60, length_sigma=0.4, length_max=200,
-                        max_running_requests=256, prefill_rate=0)
 
-
-def _check_exactly_once(settings, run_id, prompts) -> list:
-    records = committed_records(settings, run_id)
-    assert duplicates(records) == {}
-    assert {r.id for r in records} == {p.id for p in prompts}
-    return records
 
 
 def _records_in_open_transaction(admin: KafkaAdminClient, transactional_id: str,
@@ -116,7 +107,7 @@ def test_kill_9_and_restart_repeatedly(settings, run_id, tmp_path) -> None:
     assert kills >= 2
     hits = _aborted_by(settings, run_id, "victim")
     assert hits > 0, f"none of {kills} kills landed inside an open transaction of the victim"
-    records = _check_exactly_once(settings, run_id, prompts)
+    records = check_exactly_once(settings, run_id, prompts)
     assert all(isinstance(r, Completion) for r in records)
     wasted = served - len(records)
     # Lost work per crash is bounded by the in-flight window of the partitions
@@ -154,7 +145,7 @@ def test_third_consumer_joins_mid_run_without_stopping_the_others(settings, run_
         finally:
             for worker in [*first, late]:
                 worker.stop()
-    records = _check_exactly_once(settings, run_id, prompts)
+    records = check_exactly_once(settings, run_id, prompts)
     assert received_in < 30
     assert any(r.instance == "late" for r in records)
     revocations = [e for worker in first for e in worker.events("partitions revoked")
@@ -205,7 +196,7 @@ def test_sigterm_drains_and_partitions_move(settings, run_id, tmp_path) -> None:
         finally:
             for worker in workers:
                 worker.stop()
-    _check_exactly_once(settings, run_id, prompts)
+    check_exactly_once(settings, run_id, prompts)
     moved = set()
     for worker in workers[:2]:
         for event in worker.events("partitions assigned")[1:]:
@@ -229,7 +220,7 @@ def test_faults_are_retried_and_too_long_prompts_fail_at_once(settings, run_id, 
             assert worker.wait(240) == 0, worker.log()[-3000:]
         finally:
             worker.stop()
-    records = _check_exactly_once(settings, run_id, prompts)
+    records = check_exactly_once(settings, run_id, prompts)
     failures = [r for r in records if isinstance(r, Failure)]
     too_long = {p.id for p in prompts if len(p.messages[0].content) > 100_000}
     assert {f.id for f in failures} == too_long
@@ -259,7 +250,7 @@ def test_server_down_pauses_without_failures(settings, run_id, tmp_path) -> None
     finally:
         worker.stop()
         sim.terminate()
-    records = _check_exactly_once(settings, run_id, prompts)
+    records = check_exactly_once(settings, run_id, prompts)
     assert not [r for r in records if isinstance(r, Failure)]
     assert worker.events("SGLang server unavailable; pausing consumption")
     assert worker.events("SGLang server healthy again; resuming")
@@ -289,5 +280,5 @@ def test_in_flight_never_exceeds_the_cap(settings, run_id, tmp_path) -> None:
             stop.set()
             sampler.join(5)
             worker.stop()
-    _check_exactly_once(settings, run_id, prompts)
+    check_exactly_once(settings, run_id, prompts)
     assert 6 <= peak <= 8
