@@ -16,16 +16,20 @@ from typing import Any
 
 import click
 import msgspec
+from confluent_kafka import KafkaException
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
+from consumer.fleet import worker_of
 from ops.dataset.coverage import coverage_line, lineage_coverage
 from schemas import RunSpec
+from tokenmill import groups, kafka_clients, topics
 from tokenmill.commandline import service_command
 from tokenmill.flag_types import RUN_ID, seconds
+from tokenmill.groups import GroupState
 from tokenmill.progress import RunProgress, read_run_progress
-from tokenmill.registry import RunRegistry
+from tokenmill.registry import RunRegistry, source_prompts_topic
 from tokenmill.settings import Settings
 
 
@@ -214,6 +218,57 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
     return Group(Panel(header), stages, speed, quality, coverage, workers, sink_line, verdict)
 
 
+def group_summary(state: GroupState, partitions: int,
+                  unowned_since: dict[int, float] | None = None,
+                  now: float | None = None) -> dict[str, Any]:
+    """Who owns the run's partitions, from the generate group as the broker
+    sees it: per worker its group members (slots), partitions and share of
+    the run, and the partitions no member owns (with for how long, when an
+    earlier look saw them unowned already). Pure."""
+    now = time.monotonic() if now is None else now
+    workers: dict[str, dict[str, Any]] = {}
+    for member in state.members:
+        row = workers.setdefault(worker_of(member.client_id),
+                                 {"slots": 0, "standbys": 0, "partitions": []})
+        row["slots"] += 1
+        row["standbys"] += 0 if member.partitions else 1
+        row["partitions"].extend(member.partitions)
+    for row in workers.values():
+        row["partitions"] = sorted(row["partitions"])
+        row["share"] = round(len(row["partitions"]) / partitions, 3) if partitions else 0.0
+    unowned = sorted(state.unowned(partitions))
+    since = unowned_since if unowned_since is not None else {}
+    for p in list(since):
+        if p not in unowned:
+            del since[p]
+    for p in unowned:
+        since.setdefault(p, now)
+    return {"stable": state.stable, "workers": dict(sorted(workers.items())),
+            "unowned": {str(p): round(now - since[p], 1) for p in unowned}}
+
+
+def render_group(group: dict[str, Any]) -> Table:
+    table = Table(title="group members (tokenmill.<run>.generate)"
+                  + ("" if group["stable"] else " - rebalancing"), expand=True)
+    for column in ("worker", "members", "standbys", "partitions", "share of the run"):
+        table.add_column(column, justify="left" if column in ("worker", "partitions") else "right")
+    for name, row in group["workers"].items():
+        table.add_row(name, str(row["slots"]), str(row["standbys"]),
+                      ", ".join(map(str, row["partitions"])) or "-", f"{100 * row['share']:.0f}%")
+    if group["unowned"]:
+        table.add_row("[red]owned by no member[/]", "", "",
+                      ", ".join(f"{p} ({age:.0f}s)" for p, age in group["unowned"].items()), "")
+    return table
+
+
+def read_group(settings: Settings, spec: RunSpec) -> GroupState | None:
+    try:
+        return groups.describe(kafka_clients.admin(settings), topics.generate_group(spec.run_id),
+                               source_prompts_topic(spec), settings.connect_timeout_s)
+    except KafkaException:
+        return None
+
+
 @click.command()
 @click.option("--run", "run_id", required=True, type=RUN_ID, help="Run id.")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
@@ -231,13 +286,19 @@ def status(settings: Settings, run_id: str, as_json: bool, watch: float) -> None
     """
     spec = RunRegistry(settings).get(run_id)
     console = Console()
+    unowned_since: dict[int, float] = {}
     while True:
         summary = summarize(spec, read_run_progress(settings, run_id))
         summary["lineage"] = coverage = lineage_coverage(settings, run_id)
+        state = read_group(settings, spec)
+        summary["group"] = group = (None if state is None else
+                                    group_summary(state, spec.partitions, unowned_since))
         if as_json:
             click.echo(msgspec.json.encode(summary).decode())
         else:
             console.print(render(spec, summary))
+            if group is not None and group["workers"]:
+                console.print(render_group(group))
             if coverage is not None:
                 console.print(coverage_line(coverage))
         if watch <= 0:

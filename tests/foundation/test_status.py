@@ -55,3 +55,36 @@ def test_report_renders_every_section() -> None:
                    "speculative accept length", "coverage by category", "tools", "gpu0",
                    "in progress"):
         assert needle in text
+
+
+def test_group_summary_shows_members_shares_and_unowned_partitions() -> None:
+    from ops.status import group_summary, render_group
+    from tokenmill.groups import GroupMember, GroupState
+
+    state = GroupState(stable=True, members=(
+        GroupMember("gpu0#0", (0,)), GroupMember("gpu0#1", (1,)), GroupMember("gpu0#2", ()),
+        GroupMember("gpu1#0", (2,))))
+    since: dict[int, float] = {}
+    first = group_summary(state, 5, since, now=100.0)
+    assert first["workers"]["gpu0"] == {"slots": 3, "standbys": 1, "partitions": [0, 1],
+                                        "share": 0.4}
+    assert first["workers"]["gpu1"]["share"] == 0.2
+    assert first["unowned"] == {"3": 0.0, "4": 0.0}
+    later = group_summary(state, 5, since, now=112.0)
+    assert later["unowned"] == {"3": 12.0, "4": 12.0}  # for how long, across looks
+    healed = GroupState(True, (*state.members, GroupMember("gpu1#1", (3, 4))))
+    assert group_summary(healed, 5, since, now=120.0)["unowned"] == {} and since == {}
+    assert render_group(later).row_count == 3  # two workers and the unowned row
+
+
+def test_group_summary_of_the_classic_protocol_and_a_stranded_partition() -> None:
+    from tokenmill.groups import GroupMember, GroupState, StrandedWatch
+
+    stable = GroupState(True, (GroupMember("a#0", (0,)), GroupMember("b#0", (1,))))
+    watch_a, watch_b = StrandedWatch("a#", grace_s=10), StrandedWatch("b#", grace_s=10)
+    assert watch_a.check(stable, 3, now=0.0) == set()  # seen, not yet stranded
+    assert watch_b.check(stable, 3, now=0.0) == set()
+    assert watch_b.check(stable, 3, now=11.0) == set()  # b is not the first member
+    assert watch_a.check(stable, 3, now=11.0) == {2}  # a repairs: it rejoins
+    rebalancing = GroupState(False, stable.members)
+    assert watch_a.check(rebalancing, 3, now=30.0) == set()  # only in a stable group
