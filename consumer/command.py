@@ -9,6 +9,7 @@ import socket
 from urllib.parse import urlparse
 
 import click
+from confluent_kafka import KafkaException
 
 from consumer.backoff import RetryPolicy
 from consumer.health import wait_for_server
@@ -94,6 +95,10 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
               type=seconds(0.1, 3600, min_open=False),
               help="Seconds the circuit breaker holds prompts before probing the server "
                    "again (doubles while it keeps failing, up to 10 minutes).")
+@click.option("--heartbeat-interval", "heartbeat_s", default=10.0, show_default=True,
+              type=seconds(0.5, 600, min_open=False),
+              help="Seconds between commits of an idle worker: `status` marks a worker "
+                   "whose last commit is older than twice this as dead.")
 @click.option("--until-done", is_flag=True,
               help="Exit 0 once the producer has finished and every prompt has a committed result.")
 @click.option("--metrics-port", default=0, type=PORT_OR_OFF,
@@ -103,7 +108,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
             concurrency: int | None, max_concurrency: int, commit_interval_s: float, max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
-            fleet_balancing: bool, breaker_cooldown_s: float, until_done: bool,
+            fleet_balancing: bool, breaker_cooldown_s: float, heartbeat_s: float, until_done: bool,
             metrics_port: int) -> None:
     """Generate completions for a run's prompts, exactly once, next to one SGLang server.
 
@@ -137,6 +142,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         static_membership=static_membership,
         fleet_balancing=fleet_balancing,
         breaker_cooldown_s=breaker_cooldown_s,
+        heartbeat_s=heartbeat_s,
         until_done=until_done,
         metrics_port=metrics_port,
         api_key=api_key,
@@ -145,4 +151,6 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         code = asyncio.run(Worker(settings, spec, config).run())
     except (FatalWorkerError, KafkaFatal) as exc:
         exit_now(str(exc))
+    except KafkaException as exc:  # anything else Kafka raised: one line, not a traceback
+        exit_now(f"kafka: {exc.args[0] if exc.args else exc}")
     finish_now(code)

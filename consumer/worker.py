@@ -40,6 +40,7 @@ from consumer.membership import Membership, MembershipConfig, Slot
 from consumer.metrics import ConsumerMetrics
 from consumer.partitions import PartitionState, can_resume
 from consumer.pause import PausePolicy
+from consumer.recent_rate import RecentRate
 from consumer.sglang_client import SGLangClient
 from consumer.validation import check_prompt, invalid_record, topic_run
 from schemas import Failure, PromptRecord, RunSpec
@@ -127,6 +128,9 @@ class Worker:
         self._last_commit = time.monotonic()
         self._last_committed = time.monotonic()
         self._progress = ConsumerProgress(run=spec.run_id, instance=config.instance)
+        self._recent = RecentRate()
+        # The last commit of a clean exit marks the instance stopped (not dead).
+        self._final_commit = False
         self._producer: Producer | None = None
         self._txns: Transactions | None = None
         self._members: Membership | None = None
@@ -164,6 +168,9 @@ class Worker:
                 self._progress = previous
         if not self._progress.started_at:
             self._progress = msgspec.structs.replace(self._progress, started_at=time.time())
+        self._progress = msgspec.structs.replace(self._progress, stopped_at=0.0)
+        self._recent.add(time.time(), self._progress.completions + self._progress.failures,
+                         self._progress.completion_tokens)
         config = self.config
         if config.group_protocol == "consumer" and config.session_timeout_s:
             groups.set_session_timeout(kafka_clients.admin(settings), self.group,
@@ -371,7 +378,8 @@ class Worker:
             records, next_offset = state.watermark.peek_ready(self.config.commit_max_records)
             if records and next_offset is not None:
                 ready.append((state, records, next_offset))
-        heartbeat = time.monotonic() - self._last_committed >= self.config.heartbeat_s
+        heartbeat = (time.monotonic() - self._last_committed >= self.config.heartbeat_s
+                     or self._final_commit)
         if not ready and (only is not None or not heartbeat):
             return 0
         by_slot: dict[str, dict[int, int]] = {}
@@ -379,12 +387,19 @@ class Worker:
             by_slot.setdefault(state.slot, {})[state.partition] = next_offset
         slots = self._members.slots
         all_records = [r for _, records, _ in ready for r in records]
+        now = time.time()
+        counted = counters.add_records(self._progress, all_records,
+                                       sum(state.retries for state, _, _ in ready), now=now)
+        totals = (counted.completions + counted.failures, counted.completion_tokens)
+        recent = self._recent.rates(now, *totals)
         new_progress = msgspec.structs.replace(
-            counters.add_records(self._progress, all_records,
-                                 sum(state.retries for state, _, _ in ready)),
-            concurrency_limit=self.limit, in_flight=self.in_flight,
+            counted, concurrency_limit=self.limit, in_flight=self.in_flight,
             breaker=(self.breaker.cause or "") if self.breaker.state != "closed" else "",
-            server=self.server)
+            server=self.server, heartbeat_s=self.config.heartbeat_s,
+            last_work_at=now if all_records else counted.last_work_at,
+            stopped_at=now if self._final_commit else 0.0,
+            partitions=len(self.states), recent_requests_per_s=recent.requests_per_s,
+            recent_tokens_per_s=recent.tokens_per_s, recent_window_s=recent.window_s)
         started = time.monotonic()
         try:
             with self._txns.transaction(lambda: [
@@ -411,6 +426,7 @@ class Worker:
             state.committed = next_offset
             self.metrics.committed_offset.labels(str(state.partition)).set(next_offset)
         self._progress = new_progress
+        self._recent.add(now, *totals)
         self._last_committed = time.monotonic()
         self.metrics.commits.labels("committed").inc()
         self.metrics.commit_seconds.observe(time.monotonic() - started)
@@ -537,7 +553,12 @@ class Worker:
     async def _done_watch(self) -> None:
         while not self.stopping:
             await asyncio.sleep(self.config.done_check_interval_s)
-            state = await asyncio.to_thread(progress.read_run_progress, self.settings, self.run_id)
+            try:
+                state = await asyncio.to_thread(progress.try_read_run_progress, self.settings,
+                                                self.run_id)
+            except progress.ProgressUnavailable as exc:
+                log.warning("run progress unavailable; checking again later", error=str(exc))
+                continue
             if state.generation_done:
                 log.info("run fully generated; stopping", published=state.published,
                          generated=state.generated)
@@ -673,6 +694,7 @@ class Worker:
             if self.in_flight:
                 log.warning("drain timeout: abandoning in-flight requests",
                             in_flight=self.in_flight)
+        self._final_commit = True
         self._commit()
         if self.run_done:
             return  # nothing left for anyone: no need to hand partitions over

@@ -72,6 +72,17 @@ class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="k
     server: ServerSnapshot | None = None
     started_at: float = 0.0
     updated_at: float = 0.0
+    # Liveness, for `status`: how often an idle instance still commits (a
+    # record older than twice this is a dead process), when it last
+    # committed results, and when it stopped cleanly (0: running or died).
+    heartbeat_s: float = 0.0
+    last_work_at: float = 0.0
+    stopped_at: float = 0.0
+    partitions: int = 0  # partitions owned at the commit
+    # Rates over the last few minutes (lifetime averages never fall).
+    recent_requests_per_s: float = 0.0
+    recent_tokens_per_s: float = 0.0
+    recent_window_s: float = 0.0
     v: int = 1
 
 
@@ -85,6 +96,15 @@ class SinkProgress(msgspec.Struct, frozen=True, tag="sink", tag_field="kind"):
     dlq_by_reason: dict[str, int] = {}
     last_object: str = ""
     updated_at: float = 0.0
+    heartbeat_s: float = 0.0
+    last_upload_at: float = 0.0  # the last commit that carried S3 objects or DLQ records
+    stopped_at: float = 0.0
+    partitions: int = 0
+    uploading_since: float = 0.0  # start of the S3 uploads in flight (0: none)
+    waiting_records: int = 0  # records read and not yet committed
+    upload_errors: int = 0  # failed S3 attempts (retried or not), this incarnation
+    last_error: str = ""
+    last_error_at: float = 0.0
     v: int = 1
 
 

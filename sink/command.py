@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 import click
+from confluent_kafka import KafkaException
 
 from sink.batcher import BatchLimits
 from sink.config import parse_size, resolve
@@ -67,12 +68,16 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
               show_default=True, help="Partitions whose batches upload in parallel.")
 @click.option("--conditional-writes/--no-conditional-writes", default=True, show_default=True,
               help="Send If-None-Match/If-Match on uploads (off for endpoints that reject them).")
+@click.option("--heartbeat-interval", "heartbeat_s", default=10.0, show_default=True,
+              type=seconds(0.5, 600, min_open=False),
+              help="Seconds between commits of an idle sink: `status` marks a sink whose last "
+                   "commit is older than twice this as dead.")
 @service_command
 def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: int,
          max_batch_age_s: float, compression: str | None, instance: str | None,
          until_done: bool, metrics_port: int, create_bucket: bool | None,
          group_protocol: str, session_timeout_s: float | None, upload_concurrency: int,
-         conditional_writes: bool) -> None:
+         conditional_writes: bool, heartbeat_s: float) -> None:
     """Persist a run's completions: good samples to S3 as JSONL batches, the
     rest to the run's dead-letter topic, exactly once.
 
@@ -86,7 +91,8 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
                            max_age_s=max_batch_age_s),
         until_done=until_done, metrics_port=metrics_port, group_protocol=group_protocol,
         session_timeout_s=session_timeout_s,
-        upload_concurrency=upload_concurrency, conditional_writes=conditional_writes)
+        upload_concurrency=upload_concurrency, conditional_writes=conditional_writes,
+        heartbeat_s=heartbeat_s)
     wait_for_bucket(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
                     bucket=config.bucket, create=config.create_bucket,
                     timeout_s=settings.startup_timeout_s,
@@ -98,4 +104,6 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
         code = service.run()
     except KafkaFatal as exc:
         exit_now(str(exc))
+    except KafkaException as exc:  # anything else Kafka raised: one line, not a traceback
+        exit_now(f"kafka: {exc.args[0] if exc.args else exc}")
     sys.exit(code)

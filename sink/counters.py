@@ -49,4 +49,5 @@ def start(run: str, instance: str, last_committed: bytes | None) -> SinkProgress
     if previous.run != run or previous.instance != instance:
         raise ValueError(f"progress record for {previous.run}/{previous.instance} under the key "
                          f"of {run}/{instance}")
-    return previous
+    # A new incarnation: running again, its own S3 error count.
+    return msgspec.structs.replace(previous, stopped_at=0.0, upload_errors=0, uploading_since=0.0)

@@ -35,7 +35,7 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -51,6 +51,7 @@ from sink.committer import Committer
 from sink.config import SinkConfig
 from sink.errors import InvalidRecord, ObjectConflict, S3Failed
 from sink.metrics import SinkMetrics
+from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, Uploaded, make_client
 from tokenmill import groups, kafka_clients, topics
 from tokenmill import progress as run_progress
@@ -63,6 +64,7 @@ log = get_logger("tokenmill.sink")
 
 LAG_INTERVAL_S = 5.0
 ROUND_POLL_S = 0.01
+SLOW_UPLOAD_S = 30.0  # an upload round this long is logged (and again as long again)
 
 
 def tune_gc() -> None:
@@ -80,6 +82,7 @@ class Round:
     uploading in the pool. Committed together, in one transaction."""
 
     items: list[tuple[PartitionBatcher, Batch, Future[Uploaded | None]]]
+    started_at: float = field(default_factory=time.time)
 
     def done(self) -> bool:
         return all(future.done() for _, _, future in self.items)
@@ -116,6 +119,8 @@ class SinkService:
         self.watchdog = Watchdog(f"sink {config.instance}", stall_s=config.stall_s)
         self._stranded = groups.StrandedWatch(f"{config.instance}#", grace_s=10.0)
         self._last_commit = clock()
+        self._s3_errors = S3Errors()
+        self._next_slow_upload_log = 0.0
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -137,6 +142,7 @@ class SinkService:
         client = self._s3_client or make_client(
             endpoint_url=self.settings.s3_endpoint_url, region=self.settings.s3_region,
             max_pool=max(10, config.upload_concurrency * 4))
+        self._s3_errors.watch(client)
         self._s3 = S3Writer(client=client, bucket=config.bucket,
                             conditional_writes=config.conditional_writes)
         self._s3.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
@@ -205,8 +211,11 @@ class SinkService:
             consumer.subscribe([self.topic], on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             self._loop()
+            self._heartbeat(final=True)  # `status`: stopped, not dead
         except BaseException as exc:
             failure = exc
+            if isinstance(exc, S3Failed):
+                self._record_failure(exc)
             raise
         finally:
             if not isinstance(failure, KafkaFatal):  # crash-only: nothing to close then
@@ -293,8 +302,10 @@ class SinkService:
                 self._update_lag()
                 self._repair_stranded()
                 next_lag = now + LAG_INTERVAL_S
-            if self._round is None and now - self._last_commit >= config.heartbeat_s:
+            if now - self._last_commit >= config.heartbeat_s:
                 self._heartbeat()
+            if self._round is not None:
+                self._log_slow_upload(self._round)
             if (config.until_done and now >= next_done_check and self._round is None
                     and self._all_at_eof()):
                 if self._check_done():
@@ -383,14 +394,6 @@ class SinkService:
         if self._round is None and not self._stopping:
             self._start_round()
 
-    def _flush_all(self) -> None:
-        """Upload and commit every sealed batch before returning."""
-        while True:
-            if self._round is not None:
-                self._finish_round(commit=True)
-            if not self._start_round():
-                return
-
     def _start_round(self) -> bool:
         """Start uploading the oldest sealed batch of every partition that has
         one (at most one per partition: the previous one is committed)."""
@@ -437,10 +440,11 @@ class SinkService:
         by_reason = counters.merge_reasons(b.dlq_by_reason() for b in batches)
         s3_records = sum(b.line_count for b in batches)
         s3_bytes = sum(u.size for u in uploaded)
-        updated = counters.plus(
+        now = time.time()
+        updated = msgspec.structs.replace(counters.plus(
             self.progress, s3_records=s3_records, s3_objects=len(uploaded), s3_bytes=s3_bytes,
             dlq_by_reason=by_reason, last_object=uploaded[-1].key if uploaded else "",
-            now=time.time())
+            now=now), last_upload_at=now, **self._liveness(uploading=False))
         assert self._committer is not None
         started = time.perf_counter()
         try:
@@ -519,7 +523,11 @@ class SinkService:
         """True when every prompt of the run is persisted (by all instances).
         When nothing more can arrive, seal the open batches now instead of
         waiting for their age."""
-        state = run_progress.read_run_progress(self.settings, self.config.run)
+        try:
+            state = run_progress.try_read_run_progress(self.settings, self.config.run)
+        except run_progress.ProgressUnavailable as exc:
+            log.warning("run progress unavailable; checking again later", error=str(exc))
+            return False
         if state.sink_done:
             log.info("run persisted", published=state.published, persisted=state.persisted)
             return True
@@ -530,19 +538,56 @@ class SinkService:
             drained = [w.partition for w in self.writers.values() if w.drain()]
             if drained:
                 log.info("nothing more to come: flushing open batches", partitions=drained)
-                self._flush_all()
+                # The loop uploads and commits them, round by round: never
+                # wait here (a stalled S3 must not stop heartbeats).
+                self._advance()
         return False
 
-    def _heartbeat(self) -> None:
-        """Commit the counters alone (no offsets): the instance is alive."""
+    def _heartbeat(self, *, final: bool = False) -> None:
+        """Commit the counters alone (no offsets): the instance is alive, and
+        what it is doing (`final`: it stopped cleanly)."""
         assert self._committer is not None
         self._last_commit = self.clock()
-        beat = counters.plus(self.progress, now=time.time())
+        now = time.time()
+        beat = msgspec.structs.replace(counters.plus(self.progress, now=now),
+                                       stopped_at=now if final else 0.0, **self._liveness())
         try:
             self._committer.commit([], beat)
         except TransactionAborted:
             return
         self.progress = beat
+
+    def _liveness(self, uploading: bool = True) -> dict[str, Any]:
+        """The fields `status` judges this instance's health by."""
+        errors = self._s3_errors
+        return {
+            "heartbeat_s": self.config.heartbeat_s,
+            "partitions": len(self.writers),
+            "uploading_since": self._round.started_at if uploading and self._round else 0.0,
+            "waiting_records": sum(w.pending_records for w in self.writers.values()),
+            "upload_errors": errors.count,
+            "last_error": errors.last or self.progress.last_error,
+            "last_error_at": errors.last_at or self.progress.last_error_at,
+        }
+
+    def _log_slow_upload(self, current: Round) -> None:
+        now = time.time()
+        waited = now - current.started_at
+        if waited >= SLOW_UPLOAD_S and now >= self._next_slow_upload_log:
+            self._next_slow_upload_log = now + SLOW_UPLOAD_S
+            log.warning("S3 uploads still in flight", seconds=round(waited),
+                        partitions=[b.partition for _, b, _ in current.items],
+                        failed_attempts=self._s3_errors.count,
+                        last_error=self._s3_errors.last or None)
+
+    def _record_failure(self, exc: BaseException) -> None:
+        """S3 gave up: say so in the progress record before exiting, so
+        `status` shows why this sink is gone. Best effort."""
+        self._s3_errors.note(str(exc))
+        try:
+            self._heartbeat()
+        except Exception as error:  # noqa: BLE001 - the S3 failure is what counts
+            log.debug("recording the S3 failure", error=str(error))
 
     def _repair_stranded(self) -> None:
         """Classic protocol: partitions owned by no member of a stable group

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import msgspec
+from confluent_kafka import KafkaException
 
 from schemas.progress import (
     ConsumerProgress,
@@ -103,3 +104,16 @@ def read_one(settings: Settings, key: str) -> bytes | None:
 def read_producer_checkpoint(settings: Settings, run_id: str) -> ProducerCheckpoint | None:
     value = read_one(settings, producer_key(run_id))
     return msgspec.json.decode(value, type=ProducerCheckpoint) if value else None
+
+
+class ProgressUnavailable(RuntimeError):
+    """The progress topic could not be read just now (broker down, leaders
+    moving): try again later."""
+
+
+def try_read_run_progress(settings: Settings, run_id: str) -> RunProgress:
+    """`read_run_progress`, with every failure of the read as ProgressUnavailable."""
+    try:
+        return read_run_progress(settings, run_id)
+    except (KafkaException, TimeoutError, RuntimeError) as exc:
+        raise ProgressUnavailable(str(exc.args[0] if exc.args else exc)) from None

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Producer
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import ConfigResource
+from kafka.errors import KafkaConnectionError
 
 from tests.kafka_helpers import read_all
 from tokenmill import kafka_clients
@@ -30,7 +31,13 @@ def _partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 60.0) ->
     just created reaches every broker's metadata a moment later)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        described = admin.describe_topics([topic])
+        try:
+            described = admin.describe_topics([topic])
+        except KafkaConnectionError:  # it asked the broker just killed: ask again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
         if not described[0]["error_code"] and described[0]["partitions"]:
             return sorted(described[0]["partitions"], key=lambda p: p["partition_index"])
         if time.monotonic() > deadline:

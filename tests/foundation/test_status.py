@@ -1,10 +1,21 @@
 """`tokenmill status` numbers, from committed progress records."""
 
+import json
+
+import jsonschema
+import msgspec
+import pytest
 from rich.console import Console
 
-from ops.status import render, summarize
+from ops.status import STATUS_SCHEMA_PATH, render, summarize
+from ops.status_report import schema, to_report
 from schemas import Estimate, GenerationSettings, RunSpec
-from schemas.progress import ConsumerProgress, ProducerCheckpoint, SinkProgress
+from schemas.progress import (
+    ConsumerProgress,
+    ProducerCheckpoint,
+    ServerSnapshot,
+    SinkProgress,
+)
 from tokenmill.progress import RunProgress
 
 SPEC = RunSpec(run_id="r", partitions=4, generation=GenerationSettings(max_tokens=4096),
@@ -53,8 +64,27 @@ def test_report_renders_every_section() -> None:
     text = console.export_text()
     for needle in ("published", "speed vs estimate", "finish length", "DLQ: length",
                    "speculative accept length", "coverage by category", "tools", "gpu0",
-                   "in progress"):
+                   "sinks", "STALLED", "CRITICAL: run: stalled: no live sink"):
         assert needle in text
+
+
+def test_json_output_follows_the_published_schema() -> None:
+    """`status --json` is converted to StatusReport, and the committed
+    ops/status.schema.json is the one generated from it, so a monitoring
+    script can validate what it reads (here with an independent validator)."""
+    committed = json.loads(STATUS_SCHEMA_PATH.read_text())
+    assert committed == json.loads(msgspec.json.encode(schema())), (
+        "regenerate: python -m ops.status_report > ops/status.schema.json")
+    state = _state()
+    state.consumers["gpu1"] = msgspec.structs.replace(
+        state.consumers["gpu1"], server=ServerSnapshot(running=5, token_usage=0.2, at=1100.0))
+    document = json.loads(msgspec.json.encode(to_report(summarize(SPEC, state, now=1110.0))))
+    jsonschema.validate(document, committed)
+    assert document["health"]["state"] == "stalled"
+    assert document["instances"][1]["headroom"]["verdict"] == "yes"
+    document["health"]["state"] = "fine"  # the schema constrains what it names
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(document, committed)
 
 
 def test_group_summary_shows_members_shares_and_unowned_partitions() -> None:

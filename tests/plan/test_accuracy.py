@@ -126,7 +126,7 @@ def held_partitions(worker: ConsumerProcess) -> set[int]:
         if line.startswith("{") and '"partitions ' in line:
             event = json.loads(line)
             if event.get("event") in ("partitions assigned", "partitions revoked"):
-                now = event.get("now") or []
+                now = event.get("owned") or []
     return set(now)
 
 

@@ -1,0 +1,205 @@
+"""`tokenmill status` tells the truth about a broken fleet (issue 12), on
+the real broker: dead workers and sinks are marked dead within two
+heartbeat intervals and the run stalled (`--check` exits 2 naming it), a
+cleanly stopped worker is `stopped`, a full KV cache says the batch cannot
+grow, and a frozen S3 server shows up as a sink warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from tests.consumer.pipeline import (
+    ConsumerProcess,
+    check_exactly_once,
+    create_run,
+    make_prompts,
+    publish,
+    wait_until,
+)
+from tests.sink.sink_helpers import sink_env, start_sink
+from tokenmill.cli import cli
+from tokenmill.settings import Settings
+from tokenmill.simulator import SimulatorConfig
+from tokenmill.simulator.runner import SimulatorProcess
+
+pytestmark = [pytest.mark.broker]
+
+HEARTBEAT_S = 2.0
+# Slow answers (~4-10 s each): the run cannot finish while the test looks.
+SLOW = SimulatorConfig(decode_rate=40.0, length_median=250, length_sigma=0.3, length_max=400,
+                       prefill_rate=0, max_running_requests=64)
+
+
+def status(settings: Settings, run_id: str, *flags: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["status", "--run", run_id, "--bootstrap-servers",
+                                      settings.bootstrap_servers, *flags],
+                                env={"COLUMNS": "250"})  # wide tables: whole lines
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def report(settings: Settings, run_id: str) -> dict[str, Any]:
+    code, output = status(settings, run_id, "--json")
+    assert code == 0, output
+    return json.loads(output)
+
+
+def states(document: dict[str, Any], key: str) -> dict[str, str]:
+    return {row["instance"]: row["state"] for row in document[key]}
+
+
+def _worker(settings: Settings, run_id: str, url: str, name: str, tmp_path: Path
+            ) -> ConsumerProcess:
+    return ConsumerProcess(settings, run_id, url, name, tmp_path, "--concurrency", "16",
+                           "--heartbeat-interval", str(HEARTBEAT_S))
+
+
+def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run_id,
+                                                                   tmp_path) -> None:
+    spec = create_run(settings, run_id, partitions=3, max_tokens=512)
+    publish(settings, spec, make_prompts(run_id, 600))
+    # gpu0's server has a tiny KV pool: its cache is full at a few requests.
+    sims = [SimulatorProcess(msgspec.structs.replace(SLOW, max_total_num_tokens=2000)),
+            SimulatorProcess(SLOW)]
+    workers: list[ConsumerProcess] = []
+    sink = None
+    try:
+        urls = [sim.start() for sim in sims]
+        workers = [_worker(settings, run_id, url, f"gpu{i}", tmp_path).start()
+                   for i, url in enumerate(urls)]
+        workers.append(_worker(settings, run_id, urls[1], "gpu2", tmp_path).start())
+        sink_log = tmp_path / "sink.log"
+        sink = start_sink(settings, run_id, "--instance", "s0", "--batch-size", "5",
+                          "--max-batch-age", "1", "--heartbeat-interval", str(HEARTBEAT_S),
+                          "--session-timeout", "6", log_path=sink_log)
+
+        def healthy() -> bool:
+            document = report(settings, run_id)
+            return (states(document, "instances") == {"gpu0": "active", "gpu1": "active",
+                                                      "gpu2": "active"}
+                    and states(document, "sinks") == {"s0": "active"}
+                    and document["persisted"] > 0
+                    and all(w["server"] for w in document["instances"]))
+        wait_until(healthy, 120, "three live workers and a live sink")
+        code, output = status(settings, run_id, "--check")
+        assert code == 0 and output.startswith(f"OK: run {run_id} running"), output
+
+        # The GPU's side: gpu0's full KV cache means its batch cannot grow.
+        def kv_full() -> bool:
+            rows = {w["instance"]: w for w in report(settings, run_id)["instances"]}
+            return rows["gpu0"]["headroom"]["verdict"] == "no"
+        wait_until(kv_full, 30, "gpu0's server reporting a full KV cache")
+        code, text = status(settings, run_id)
+        assert "batch can grow?" in text and "no: KV cache 100% used" in text
+
+        # A worker stopped cleanly is `stopped`, not dead, and no problem.
+        workers[2].terminate()
+        assert workers[2].wait(60) == 0
+        document = report(settings, run_id)
+        assert states(document, "instances")["gpu2"] == "stopped"
+        assert not [p for p in document["health"]["problems"] if "gpu2" in p["subject"]]
+
+        # The sink dies: within two heartbeat intervals it is dead, and the
+        # run (results waiting, no live sink) stalled.
+        sink.send_signal(signal.SIGKILL)
+        sink.wait(10)
+        killed = time.monotonic()
+        wait_until(lambda: states(report(settings, run_id), "sinks")["s0"] == "dead",
+                   4 * HEARTBEAT_S, "the sink marked dead")
+        assert time.monotonic() - killed <= 2 * HEARTBEAT_S + 3  # +3: reading status itself
+        wait_until(lambda: status(settings, run_id, "--check")[0] == 2, 30,
+                   "--check critical without a live sink")
+        code, output = status(settings, run_id, "--check")
+        assert "CRITICAL: run: stalled: no live sink" in output and run_id in output
+
+        # Every worker dies: dead within two heartbeats, rates and in-flight
+        # stop counting, the run stalled with no live worker.
+        for worker in workers[:2]:
+            worker.kill()
+        killed = time.monotonic()
+        wait_until(lambda: set(states(report(settings, run_id), "instances").values())
+                   == {"dead", "stopped"}, 4 * HEARTBEAT_S, "the workers marked dead")
+        assert time.monotonic() - killed <= 2 * HEARTBEAT_S + 3
+        document = report(settings, run_id)
+        assert document["health"]["state"] == "stalled"
+        assert document["recent_requests_per_s"] == 0 and document["in_flight"] == 0
+        assert all(w["in_flight"] == 0 for w in document["instances"])
+        code, output = status(settings, run_id, "--check")
+        assert code == 2, output
+        lines = output.splitlines()
+        assert any(line.startswith("CRITICAL: run: stalled: no live worker") for line in lines)
+        assert any(line.startswith("WARNING: worker gpu0: dead") for line in lines)
+        assert all(run_id in line for line in lines)
+        code, text = status(settings, run_id)
+        assert code == 0 and "STALLED" in text and "dead" in text
+    finally:
+        for worker in workers:
+            worker.stop()
+        if sink is not None and sink.poll() is None:
+            sink.kill()
+        for sim in sims:
+            sim.terminate()
+
+
+def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> None:
+    stack = private_stack()
+    settings = stack.settings(state_dir=tmp_path / "state")
+    run_id = f"t{os.urandom(6).hex()}"
+    spec = create_run(settings, run_id, partitions=2, max_tokens=256)
+    prompts = make_prompts(run_id, 300)
+    publish(settings, spec, prompts)
+    sim = SimulatorProcess(SimulatorConfig(decode_rate=400.0, length_median=40, length_max=80,
+                                           prefill_rate=0))
+    s3_pid = stack.state.s3.pid
+    frozen = False
+    worker = None
+    sink = None
+    try:
+        url = sim.start()
+        worker = ConsumerProcess(settings, run_id, url, "gpu0", tmp_path, "--concurrency", "8",
+                                 "--heartbeat-interval", str(HEARTBEAT_S),
+                                 "--until-done").start()
+        sink_log = tmp_path / "sink.log"
+        env = sink_env(settings, **stack.env())
+        sink = start_sink(settings, run_id, "--instance", "s0", "--batch-size", "10",
+                          "--max-batch-age", "0.5", "--heartbeat-interval", str(HEARTBEAT_S),
+                          "--until-done", log_path=sink_log, env=env)
+        wait_until(lambda: report(settings, run_id)["persisted"] >= 20, 120,
+                   "the sink persisting")
+        os.kill(s3_pid, signal.SIGSTOP)
+        frozen = True
+
+        def warned() -> bool:
+            code, output = status(settings, run_id, "--check", "--upload-stall", "3")
+            return code == 1 and "WARNING: sink s0: S3 upload in flight for" in output
+        wait_until(warned, 60, "--check warning about the stuck upload")
+        document = report(settings, run_id)
+        [row] = document["sinks"]
+        assert row["state"] == "active" and row["uploading_for_s"] >= 3
+        code, text = status(settings, run_id, "--upload-stall", "3")
+        assert "WARNING: sink s0: S3 upload in flight" in text
+        os.kill(s3_pid, signal.SIGCONT)
+        frozen = False
+        assert sink.wait(240) == 0, sink_log.read_text()[-3000:]
+        assert worker.wait(60) == 0
+    finally:
+        if frozen:
+            os.kill(s3_pid, signal.SIGCONT)
+        if worker is not None:
+            worker.stop()
+        if sink is not None and sink.poll() is None:
+            sink.kill()
+        sim.terminate()
+    check_exactly_once(settings, run_id, prompts)
+    code, output = status(settings, run_id, "--check")
+    assert code == 0 and "complete" in output, output
