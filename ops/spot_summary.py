@@ -171,7 +171,7 @@ def render(summary: Summary, sampled_from: str) -> Group:
         head,
         share_table("Prompts by category", "category", summary.categories),
         share_table("Prompts by source", "source", summary.sources, TOP_SOURCES),
-        share_table("Tool prompts by tool-spec format", "format", summary.tool_formats),
+        share_table("Tool prompts by format", "tool-spec format", summary.tool_formats),
         share_table("Finish reasons (of completions)", "finish reason", summary.finish_reasons),
         share_table("Failures by kind (of records)", "kind", summary.failure_kinds),
         share_table("Where records go (of records)", "destination", summary.routes),
