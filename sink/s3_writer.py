@@ -82,7 +82,8 @@ def is_local_endpoint(endpoint_url: str | None) -> bool:
 
 
 def make_client(*, endpoint_url: str | None, region: str, max_attempts: int = 10,
-                max_pool: int = 16, connect_timeout_s: float = 10.0) -> Any:
+                max_pool: int = 16, connect_timeout_s: float = 10.0,
+                read_timeout_s: float = 120.0) -> Any:
     """A boto3 S3 client with standard retries (exponential backoff).
 
     Payloads are not SHA-256 signed on HTTPS (botocore's default there: the
@@ -98,7 +99,7 @@ def make_client(*, endpoint_url: str | None, region: str, max_attempts: int = 10
         region_name=region,
         retries={"mode": "standard", "total_max_attempts": max_attempts},
         connect_timeout=connect_timeout_s,
-        read_timeout=120,
+        read_timeout=read_timeout_s,
         max_pool_connections=max_pool,
         s3=s3_options or None,
     )
