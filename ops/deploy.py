@@ -1,10 +1,12 @@
-"""`tokenmill deploy systemd | compose --out DIR`: the deployment files the
-package carries (`tokenmill/deploy/`), filled in from flags and settings.
+"""`tokenmill deploy systemd | compose | monitoring --out DIR`: the deployment
+files the package carries (`tokenmill/deploy/`), filled in from flags and
+settings.
 
 The values are worked out by small pure functions (one per file set) and
 rendered by `tokenmill.deploy_files`; the commands only write the result.
-Another folder of shipped files (Prometheus, Grafana) gets a subcommand the
-same way: a function from flags to values, then `deploy_files.folder_files`.
+Another folder of shipped files gets a subcommand the same way (as
+`monitoring` does for Prometheus and Grafana): a function from flags to
+values, then `deploy_files.folder_files`.
 """
 
 from __future__ import annotations
@@ -125,6 +127,14 @@ def systemd_files(plan: SystemdPlan, settings: Settings) -> list[RenderedFile]:
     return files
 
 
+def monitoring_files() -> list[RenderedFile]:
+    """The Prometheus rules and example config, and the Grafana dashboard, as
+    shipped (they take no values: Prometheus and Grafana fill in their own)."""
+    return [RenderedFile(f"{folder}/{file.path}", file.text)
+            for folder in ("prometheus", "grafana")
+            for file in deploy_files.folder_files(folder, {})]
+
+
 def kafka_image_environment(properties: str) -> dict[str, str]:
     """server.properties as the apache/kafka image's variables: `a.b_c` is
     `KAFKA_A_B__C` (dots to _, underscores doubled)."""
@@ -172,7 +182,7 @@ def _write(out: Path, files: list[RenderedFile]) -> None:
 
 @click.group()
 def deploy() -> None:
-    """Write deployment files (systemd units, Docker Compose) filled in for your set-up."""
+    """Write deployment files (systemd units, Docker Compose, monitoring) filled in for your set-up."""
 
 
 @deploy.command()
@@ -228,6 +238,24 @@ def systemd(settings: Settings, out_dir: Path, run_id: str, gpus: int, model: st
         + ("\nOn Kafka host H: copy kafka/H/server.properties, kafka/log4j2.properties and "
            "kafka/pom.xml to /etc/kafka/ and follow the steps at the top of "
            "systemd/tokenmill-kafka.service." if hosts else ""))
+
+
+@deploy.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write the files to (created if missing).")
+def monitoring(out_dir: Path) -> None:
+    """Prometheus alerting rules, an example scrape config and a Grafana dashboard.
+
+    \b
+    Example:
+      tokenmill deploy monitoring --out monitoring
+      promtool check rules monitoring/prometheus/alerts.yml
+    """
+    _write(out_dir, monitoring_files())
+    console.print(
+        "\nPrometheus: put your hosts in prometheus/prometheus.yml's targets (or add "
+        "prometheus/alerts.yml to your rule_files) and reload it. Grafana: import "
+        "grafana/tokenmill.json and pick your Prometheus data source.")
 
 
 @deploy.command()

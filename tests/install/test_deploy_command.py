@@ -151,6 +151,17 @@ def test_a_replays_sink_runs_beside_its_parents_on_its_own_port(tmp_path: Path) 
     assert "--speculative-algorithm NEXTN" in (out / "etc/sglang.env").read_text()
 
 
+def test_monitoring_writes_the_rules_config_and_dashboard_as_shipped(tmp_path: Path) -> None:
+    result = tokenmill("deploy", "monitoring", "--out", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr
+    written = sorted(str(p.relative_to(tmp_path / "m")) for p in (tmp_path / "m").rglob("*")
+                     if p.is_file())
+    assert written == ["grafana/tokenmill.json", "prometheus/alerts.yml",
+                       "prometheus/prometheus.yml"]
+    for path in written:
+        assert (tmp_path / "m" / path).read_text() == deploy_files.read_text(path)
+
+
 def test_systemd_needs_a_bucket_and_a_run(tmp_path: Path) -> None:
     result = tokenmill("deploy", "systemd", "--out", str(tmp_path), "--run", "r")
     assert result.returncode != 0 and "--s3-bucket" in result.stderr
