@@ -182,7 +182,7 @@ def _write(out: Path, files: list[RenderedFile]) -> None:
 
 @click.group()
 def deploy() -> None:
-    """Write deployment files (systemd units, Docker Compose, monitoring) filled in for your set-up."""
+    """Write deployment files (systemd units, Docker Compose, monitoring) for your set-up."""
 
 
 @deploy.command()
