@@ -1,6 +1,7 @@
 # The two set-up commands (README "The two commands"; .ci/run runs `make test`):
 #   make demo   the whole pipeline on this machine (Kafka, S3, simulated GPUs)
 #   make test   the test suite
+#   make check-monitoring   promtool's checks of the shipped Prometheus files (opt-in: needs Go)
 # Each checks the machine first (Python 3.11+, Java 17+, Maven: one line naming
 # what is missing), then creates or reuses the virtual environment $(VENV) and
 # installs into it what it needs; nothing is installed outside it.
@@ -11,7 +12,7 @@ VENV ?= .venv
 ARGS ?=
 PIP_INSTALL = $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test prerequisites
+.PHONY: demo test prerequisites check-monitoring
 
 demo: prerequisites $(VENV)/.installed-local
 	$(VENV)/bin/tokenmill demo $(ARGS)
@@ -30,3 +31,17 @@ $(VENV)/bin/python:
 $(VENV)/.installed-%: pyproject.toml | $(VENV)/bin/python
 	$(PIP_INSTALL) -e '.[$*]'
 	@touch $@
+
+# Prometheus's own parser on the shipped rules and config, and the rules' unit
+# tests. promtool is built once from the Go module proxy into $(VENV)/bin.
+PROMTOOL_VERSION ?= v0.316.0
+PROMETHEUS_DIR = tokenmill/deploy/prometheus
+
+$(VENV)/bin/promtool: | $(VENV)/bin/python
+	GOBIN=$(abspath $(VENV))/bin GOFLAGS=-mod=mod \
+		go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+
+check-monitoring: $(VENV)/bin/promtool
+	$(VENV)/bin/promtool check rules $(PROMETHEUS_DIR)/alerts.yml
+	$(VENV)/bin/promtool check config $(PROMETHEUS_DIR)/prometheus.yml
+	$(VENV)/bin/promtool test rules tests/install/alerts_test.yml

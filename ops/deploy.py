@@ -1,10 +1,12 @@
-"""`tokenmill deploy systemd | compose --out DIR`: the deployment files the
-package carries (`tokenmill/deploy/`), filled in from flags and settings.
+"""`tokenmill deploy systemd | compose | monitoring --out DIR`: the deployment
+files the package carries (`tokenmill/deploy/`), filled in from flags and
+settings.
 
 The values are worked out by small pure functions (one per file set) and
 rendered by `tokenmill.deploy_files`; the commands only write the result.
-Another folder of shipped files (Prometheus, Grafana) gets a subcommand the
-same way: a function from flags to values, then `deploy_files.folder_files`.
+Another folder of shipped files gets a subcommand the same way (as
+`monitoring` does for Prometheus and Grafana): a function from flags to
+values, then `deploy_files.folder_files`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,19 @@ class SystemdPlan:
     kafka_hosts: tuple[str, ...] = ()
     kafka_heap: str = "4g"
     cluster_id: str = ""
+    mtp: bool = False
+
+
+# Speculative decoding through the model's MTP layers, as the seed run used it
+# (SGLang's NEXTN: draft 3 steps, one candidate each, verify 4 tokens).
+MTP_ARGS = ("--speculative-algorithm NEXTN --speculative-num-steps 3 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+
+
+def speculative_args(mtp: bool) -> str:
+    """SGLANG_SPECULATIVE_ARGS: empty unless the model has MTP layers, since
+    SGLang refuses NEXTN for a model without them."""
+    return MTP_ARGS if mtp else ""
 
 
 def gpu_units(gpus: int) -> str:
@@ -73,15 +88,18 @@ def kafka_nodes(hosts: tuple[str, ...]) -> list[kraft.Node]:
 
 
 def systemd_files(plan: SystemdPlan, settings: Settings) -> list[RenderedFile]:
-    """Units in `systemd/`, environment files in `etc/`, and with Kafka hosts
-    each host's broker config in `kafka/<host>/` plus the shared Kafka files."""
+    """Units in `systemd/`, environment files in `etc/` (the sink's named by
+    its run, so a replay's sink runs beside its parent's), and with Kafka
+    hosts each host's broker config in `kafka/<host>/` plus the shared Kafka
+    files."""
     values = {
         "install_dir": plan.install_dir.rstrip("/"), "user": plan.user, "gpus": plan.gpus,
         "gpu_units": gpu_units(plan.gpus), "sink_metrics_port": plan.sink_metrics_port,
         "model": plan.model, "settings": env_file_settings(settings, plan.run),
         "kafka_heap": plan.kafka_heap, "cluster_id": plan.cluster_id,
+        "speculative_args": speculative_args(plan.mtp), "run": plan.run,
     }
-    units = ["sglang@.service", "tokenmill-consume@.service", "tokenmill-sink.service",
+    units = ["sglang@.service", "tokenmill-consume@.service", "tokenmill-sink@.service",
              "tokenmill-gpus.target"]
     files = [RenderedFile(f"systemd/{unit}", deploy_files.render_file(f"systemd/{unit}", values))
              for unit in units]
@@ -89,6 +107,8 @@ def systemd_files(plan: SystemdPlan, settings: Settings) -> list[RenderedFile]:
                               deploy_files.render_file("systemd/tokenmill.env", values), 0o600))
     files.append(RenderedFile("etc/sglang.env",
                               deploy_files.render_file("systemd/sglang.env", values)))
+    files.append(RenderedFile(f"etc/sink-{plan.run}.env",
+                              deploy_files.render_file("systemd/sink.env", values)))
     for gpu in range(plan.gpus):
         files.append(RenderedFile(f"etc/gpu-{gpu}.env", deploy_files.render_file(
             "systemd/gpu.env", {"gpu": gpu, "sglang_port": plan.sglang_port + gpu,
@@ -105,6 +125,14 @@ def systemd_files(plan: SystemdPlan, settings: Settings) -> list[RenderedFile]:
                 nodes, node, data_dir="/var/lib/kafka/data", cluster_id=plan.cluster_id,
                 listen_host="0.0.0.0")))
     return files
+
+
+def monitoring_files() -> list[RenderedFile]:
+    """The Prometheus rules and example config, and the Grafana dashboard, as
+    shipped (they take no values: Prometheus and Grafana fill in their own)."""
+    return [RenderedFile(f"{folder}/{file.path}", file.text)
+            for folder in ("prometheus", "grafana")
+            for file in deploy_files.folder_files(folder, {})]
 
 
 def kafka_image_environment(properties: str) -> dict[str, str]:
@@ -154,7 +182,7 @@ def _write(out: Path, files: list[RenderedFile]) -> None:
 
 @click.group()
 def deploy() -> None:
-    """Write deployment files (systemd units, Docker Compose) filled in for your set-up."""
+    """Write deployment files (systemd units, Docker Compose, monitoring) for your set-up."""
 
 
 @deploy.command()
@@ -175,12 +203,17 @@ def deploy() -> None:
               help="GPU i's SGLang server listens on this + i.")
 @click.option("--metrics-port", default=9100, show_default=True, type=PORT,
               help="GPU i's worker serves Prometheus metrics on this + i.")
-@click.option("--sink-metrics-port", default=9200, show_default=True, type=PORT)
+@click.option("--sink-metrics-port", default=9200, show_default=True, type=PORT,
+              help="The run's sink serves Prometheus metrics here (another run's sink on "
+              "the same host needs another port).")
 @click.option("--kafka-heap", default="4g", show_default=True, type=HEAP)
+@click.option("--mtp/--no-mtp", default=False, show_default=True,
+              help="Speculative decoding with the model's multi-token-prediction layers "
+              "(Qwen3.5/3.6, DeepSeek-V3; sglang.env).")
 @service_command
 def systemd(settings: Settings, out_dir: Path, run_id: str, gpus: int, model: str,
             kafka_hosts: str, install_dir: str, user: str, sglang_port: int, metrics_port: int,
-            sink_metrics_port: int, kafka_heap: str) -> None:
+            sink_metrics_port: int, kafka_heap: str, mtp: bool) -> None:
     """systemd units and environment files for GPU hosts, the sink and Kafka.
 
     \b
@@ -195,15 +228,34 @@ def systemd(settings: Settings, out_dir: Path, run_id: str, gpus: int, model: st
     plan = SystemdPlan(run=run_id, gpus=gpus, install_dir=install_dir, user=user, model=model,
                        sglang_port=sglang_port, metrics_port=metrics_port,
                        sink_metrics_port=sink_metrics_port, kafka_hosts=hosts,
-                       kafka_heap=kafka_heap, cluster_id=kraft.new_cluster_id())
+                       kafka_heap=kafka_heap, cluster_id=kraft.new_cluster_id(), mtp=mtp)
     _write(out_dir, systemd_files(plan, settings))
     console.print(
         "\nOn each GPU host: copy systemd/* to /etc/systemd/system/ and etc/* to /etc/tokenmill/, "
         "then `systemctl daemon-reload && systemctl enable --now tokenmill-gpus.target`. "
-        "On the sink host: `systemctl enable --now tokenmill-sink`."
+        f"On the sink host: copy the same, then `systemctl daemon-reload && systemctl enable "
+        f"--now tokenmill-sink@{run_id}` (one sink per run: a replay's runs beside it)."
         + ("\nOn Kafka host H: copy kafka/H/server.properties, kafka/log4j2.properties and "
            "kafka/pom.xml to /etc/kafka/ and follow the steps at the top of "
            "systemd/tokenmill-kafka.service." if hosts else ""))
+
+
+@deploy.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write the files to (created if missing).")
+def monitoring(out_dir: Path) -> None:
+    """Prometheus alerting rules, an example scrape config and a Grafana dashboard.
+
+    \b
+    Example:
+      tokenmill deploy monitoring --out monitoring
+      promtool check rules monitoring/prometheus/alerts.yml
+    """
+    _write(out_dir, monitoring_files())
+    console.print(
+        "\nPrometheus: put your hosts in prometheus/prometheus.yml's targets (or add "
+        "prometheus/alerts.yml to your rule_files) and reload it. Grafana: import "
+        "grafana/tokenmill.json and pick your Prometheus data source.")
 
 
 @deploy.command()

@@ -42,8 +42,9 @@ def test_systemd_files_for_gpu_hosts_and_a_three_node_kafka(tmp_path: Path) -> N
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert written == sorted(
         ["systemd/sglang@.service", "systemd/tokenmill-consume@.service",
-         "systemd/tokenmill-sink.service", "systemd/tokenmill-gpus.target",
+         "systemd/tokenmill-sink@.service", "systemd/tokenmill-gpus.target",
          "systemd/tokenmill-kafka.service", "etc/tokenmill.env", "etc/sglang.env",
+         "etc/sink-qwen-r1.env",
          "kafka/pom.xml", "kafka/log4j2.properties"]
         + [f"etc/gpu-{i}.env" for i in range(12)]
         + [f"kafka/kafka-{i}/server.properties" for i in (1, 2, 3)])
@@ -71,6 +72,10 @@ def test_systemd_files_for_gpu_hosts_and_a_three_node_kafka(tmp_path: Path) -> N
     assert "ExecStart=/opt/tm/bin/tokenmill consume --run ${TOKENMILL_RUN}" in consume
     assert "User=svc" in consume and "EnvironmentFile=/etc/tokenmill/gpu-%i.env" in consume
     assert "MODEL_PATH=Qwen/Qwen3-32B" in (out / "etc/sglang.env").read_text()
+    sink = (out / "systemd/tokenmill-sink@.service").read_text()
+    assert "ExecStart=/opt/tm/bin/tokenmill sink --run %i " in sink
+    assert "EnvironmentFile=/etc/tokenmill/sink-%i.env" in sink
+    assert "SINK_METRICS_PORT=9200" in (out / "etc/sink-qwen-r1.env").read_text().splitlines()
 
     configs = {i: _properties(out / f"kafka/kafka-{i}/server.properties") for i in (1, 2, 3)}
     assert {c["node.id"] for c in configs.values()} == {"1", "2", "3"}
@@ -95,14 +100,66 @@ def test_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     units = out / "systemd"
     shutil.copy(units / "sglang@.service", units / "sglang@0.service")
     shutil.copy(units / "tokenmill-consume@.service", units / "tokenmill-consume@0.service")
+    shutil.copy(units / "tokenmill-sink@.service", units / "tokenmill-sink@r.service")
     verify = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", *(str(units / name) for name in (
-            "sglang@0.service", "tokenmill-consume@0.service", "tokenmill-sink.service",
+            "sglang@0.service", "tokenmill-consume@0.service", "tokenmill-sink@r.service",
             "tokenmill-kafka.service"))],
         capture_output=True, text=True, timeout=60)
     problems = [line for line in verify.stderr.splitlines()
                 if "tokenmill" in line or "sglang" in line]
     assert verify.returncode == 0 and not problems, verify.stderr
+
+
+def _env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines()
+                if line.strip() and not line.startswith("#"))
+
+
+def test_sglang_env_carries_the_seed_runs_flags_and_mtp_only_when_asked() -> None:
+    settings = Settings(s3_bucket="b")
+    plan = deploy.SystemdPlan(run="r", gpus=1, install_dir="/opt", user="u", model="m")
+    files = {f.path: f.text for f in deploy.systemd_files(plan, settings)}
+    env = _env(files["etc/sglang.env"])
+    args = env["SGLANG_ARGS"].split()
+    for flag, value in (("--mem-fraction-static", "0.93"), ("--max-running-requests", "64"),
+                        ("--reasoning-parser", "qwen3"), ("--tool-call-parser", "qwen25")):
+        assert args[args.index(flag) + 1] == value
+    assert env["SGLANG_SPECULATIVE_ARGS"] == ""  # a model without MTP layers
+    unit = files["systemd/sglang@.service"]
+    assert "$SGLANG_ARGS $SGLANG_SPECULATIVE_ARGS" in unit  # unbraced: systemd splits them
+
+    with_mtp = {f.path: f.text for f in deploy.systemd_files(
+        deploy.SystemdPlan(run="r", gpus=1, install_dir="/opt", user="u", model="m", mtp=True),
+        settings)}
+    speculative = _env(with_mtp["etc/sglang.env"])["SGLANG_SPECULATIVE_ARGS"].split()
+    assert dict(zip(speculative[::2], speculative[1::2])) == {
+        "--speculative-algorithm": "NEXTN", "--speculative-num-steps": "3",
+        "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4"}
+
+
+def test_a_replays_sink_runs_beside_its_parents_on_its_own_port(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for run, port in (("parent", "9200"), ("parent-replay", "9201")):
+        result = tokenmill("deploy", "systemd", "--out", str(out), "--run", run,
+                           "--s3-bucket", "b", "--sink-metrics-port", port, "--mtp")
+        assert result.returncode == 0, result.stderr
+        assert f"tokenmill-sink@{run}" in result.stderr
+    assert _env((out / "etc/sink-parent.env").read_text()) == {"SINK_METRICS_PORT": "9200"}
+    assert _env((out / "etc/sink-parent-replay.env").read_text()) == {
+        "SINK_METRICS_PORT": "9201"}
+    assert "--speculative-algorithm NEXTN" in (out / "etc/sglang.env").read_text()
+
+
+def test_monitoring_writes_the_rules_config_and_dashboard_as_shipped(tmp_path: Path) -> None:
+    result = tokenmill("deploy", "monitoring", "--out", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr
+    written = sorted(str(p.relative_to(tmp_path / "m")) for p in (tmp_path / "m").rglob("*")
+                     if p.is_file())
+    assert written == ["grafana/tokenmill.json", "prometheus/alerts.yml",
+                       "prometheus/prometheus.yml"]
+    for path in written:
+        assert (tmp_path / "m" / path).read_text() == deploy_files.read_text(path)
 
 
 def test_systemd_needs_a_bucket_and_a_run(tmp_path: Path) -> None:

@@ -48,10 +48,11 @@ def test_systemd_and_email_like_text_is_not_a_placeholder() -> None:
 def test_every_file_in_the_package_folder_is_listed_and_readable() -> None:
     on_disk = sorted(str(p.relative_to(PACKAGE_DEPLOY)) for p in PACKAGE_DEPLOY.rglob("*")
                      if p.is_file() and "__pycache__" not in p.parts)
-    listed = [path for folder in ("kafka", "systemd", "docker")
-              for path in deploy_files.files_in(folder)]
-    assert sorted(listed) == [p for p in on_disk if p.split("/")[0] in ("kafka", "systemd", "docker")]
+    folders = ("kafka", "systemd", "docker", "prometheus", "grafana")
+    listed = [path for folder in folders for path in deploy_files.files_in(folder)]
+    assert sorted(listed) == on_disk  # every folder is one of these
     assert "kafka/pom.xml" in listed and "systemd/tokenmill-consume@.service" in listed
+    assert "prometheus/alerts.yml" in listed and "grafana/tokenmill.json" in listed
     for path in listed:
         assert deploy_files.read_text(path)
 
