@@ -431,7 +431,28 @@ class Worker:
         self.metrics.commits.labels("committed").inc()
         self.metrics.commit_seconds.observe(time.monotonic() - started)
         self._observe(all_records)
+        self._observe_backlog()
         return len(all_records)
+
+    def _observe_backlog(self) -> None:
+        """Lag per owned partition (the high watermark cached by the fetcher:
+        no broker call) and results waiting behind an unfinished offset."""
+        assert self._members is not None
+        waiting = 0
+        for p, state in self.states.items():
+            waiting += state.watermark.waiting
+            slot = self._members.slots.get(state.slot)
+            committed = state.committed_offset()
+            if slot is None or committed is None:
+                continue
+            try:
+                _low, high = slot.consumer.get_watermark_offsets(
+                    TopicPartition(self.prompts_topic, p), cached=True)
+            except Exception:  # noqa: BLE001 - a metric must never stop the worker
+                continue
+            if high is not None and high >= 0:
+                self.metrics.lag.labels(str(p)).set(max(0, high - committed))
+        self.metrics.waiting.set(waiting)
 
     def _observe(self, records: list[CompletionRecord]) -> None:
         accept_sum = 0.0

