@@ -3,6 +3,7 @@ filled in from flags and settings, as a user runs it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -224,3 +225,31 @@ def test_env_file_carries_non_default_settings_and_never_a_secret() -> None:
         "TOKENMILL_SASL_USERNAME=u", "TOKENMILL_S3_ENDPOINT_URL=https://minio:9000",
         "TOKENMILL_S3_BUCKET=b", "TOKENMILL_LOG_FORMAT=json",
         "# TOKENMILL_SASL_PASSWORD=   (the secret: write it here by hand)"]
+
+
+# The Compose Specification's JSON Schema, from compose-spec/compose-go
+# v2.16.2 (schema/compose-spec.json, Apache-2.0), the schema `docker compose`
+# itself validates files with. Here because no Docker engine runs here.
+COMPOSE_SPEC = Path(__file__).with_name("compose-spec.json")
+
+
+def test_compose_files_follow_the_compose_specification(tmp_path: Path) -> None:
+    import jsonschema
+
+    schema = json.loads(COMPOSE_SPEC.read_text())
+    out = tmp_path / "stack"
+    result = tokenmill("deploy", "compose", "--out", str(out), "--gpus", "2", "--run", "r9")
+    assert result.returncode == 0, result.stderr
+    documents = {"compose.yaml": yaml.safe_load((out / "compose.yaml").read_text())}
+    for extra in sorted(out.glob("compose-*.yaml")):
+        documents[extra.name] = yaml.safe_load(extra.read_text())
+    for name, document in documents.items():
+        jsonschema.validate(document, schema)  # raises, naming the path, on a violation
+    # The sink creates its bucket (MinIO starts empty; it must not crash-loop).
+    assert "--create-bucket" in documents["compose.yaml"]["services"]["sink"]["command"]
+    # ...and the schema is strict enough to catch a typo'd service key.
+    broken = dict(documents["compose.yaml"])
+    broken["services"] = {**broken["services"], "sink": {**broken["services"]["sink"],
+                                                        "restart_policy": "on-failure"}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
