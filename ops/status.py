@@ -471,6 +471,8 @@ def status(settings: Settings, run_id: str, as_json: bool, json_schema: bool, ch
         if as_json:
             click.echo(msgspec.json.encode(to_report(summary)).decode())
         else:
+            if watch > 0 and console.is_terminal:
+                console.clear()  # a live view, not a scrolling log
             console.print(render(spec, summary))
             if group is not None and group["workers"]:
                 console.print(render_group(group))
