@@ -61,7 +61,7 @@ from tokenmill.settings import Settings
 from tokenmill.simulator import SimulatorConfig
 from tokenmill.simulator.runner import SimulatorProcess
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.alone]
 
 TIME_SCALE = 20.0
 SIM = SimulatorConfig(max_running_requests=32, decode_rate=40.0, max_total_tok_s=800.0,

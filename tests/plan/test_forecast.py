@@ -59,7 +59,7 @@ def test_one_more_token_of_budget_adds_the_share_still_running(answers: list[Ans
     # E[min(L, m+1)] - E[min(L, m)] = P(L > m)
     assert d.mean_output_tokens(m + 1) - d.mean_output_tokens(m) == pytest.approx(
         d.truncated_share(m), abs=1e-9)
-    assert 0 < d.mean_output_tokens(m) <= m
+    assert 0 < d.mean_output_tokens(m) <= m * (1 + 1e-12)  # a weighted mean: float rounding
 
 
 def test_answers_cut_at_max_tokens_count_as_truncated_at_every_candidate() -> None:
