@@ -49,4 +49,16 @@ RUN_TOPIC_CONFIG = {
     "retention.bytes": "-1",
     "max.message.bytes": str(MAX_MESSAGE_BYTES),
 }
-COMPACTED_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_MESSAGE_BYTES)}
+# The registry and the progress topics: every reader reads them to the end
+# (`status`, every worker's and sink's done-check every few seconds). Kafka
+# compacts only closed segments, and by default a segment closes after 1 GB
+# or 7 days, so a week-long run would keep every progress record it ever
+# committed (7 workers committing every 2 s: ~600,000 records in 45 hours)
+# and each read would scan them all. Rolling a segment every 10 minutes keeps
+# what a reader scans to one value per key plus the last minutes.
+COMPACTED_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "max.message.bytes": str(MAX_MESSAGE_BYTES),
+    "segment.ms": str(10 * 60 * 1000),
+    "min.cleanable.dirty.ratio": "0.1",
+}

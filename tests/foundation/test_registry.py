@@ -3,7 +3,7 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource
 
 from schemas import GenerationSettings, RunSpec
-from tokenmill import topics
+from tokenmill import progress, topics
 from tokenmill.registry import RunConflict, RunRegistry, UnknownRun, spec_differences
 
 pytestmark = pytest.mark.broker
@@ -55,6 +55,23 @@ def test_creating_a_run_creates_its_topics(settings, services, run_id) -> None:
     assert described == {topics.prompts_topic(run_id): 5, topics.completions_topic(run_id): 5,
                          topics.dlq_topic(run_id): 5}
     assert "compact" in str(runs_config)
+
+
+def test_the_progress_topic_is_compacted_in_short_segments(settings, services, run_id) -> None:
+    """Readers scan the progress topic to its end every few seconds: its
+    segments roll every 10 minutes so the cleaner can compact them (the
+    broker's default would keep a week of records in one open segment)."""
+    progress.ensure_topic(settings, run_id)
+    admin = KafkaAdminClient(bootstrap_servers=services.bootstrap_servers)
+    try:
+        topic = topics.progress_topic(run_id)
+        described = admin.describe_configs([ConfigResource("TOPIC", topic)])
+    finally:
+        admin.close()
+    entries = {key: str(value["value"]) for key, value in described["topic"][topic].items()}
+    assert entries["cleanup.policy"] == "compact"
+    assert entries["segment.ms"] == str(10 * 60 * 1000)
+    assert float(entries["min.cleanable.dirty.ratio"]) == 0.1
 
 
 def test_spec_differences_lists_changed_paths() -> None:
