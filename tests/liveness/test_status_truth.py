@@ -158,7 +158,8 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
     spec = create_run(settings, run_id, partitions=2, max_tokens=256)
     prompts = make_prompts(run_id, 300)
     publish(settings, spec, prompts)
-    sim = SimulatorProcess(SimulatorConfig(decode_rate=400.0, length_median=40, length_max=80,
+    # ~0.4 s an answer, 4 at a time: ~30 s of generation, so S3 freezes mid-run
+    sim = SimulatorProcess(SimulatorConfig(decode_rate=100.0, length_median=40, length_max=80,
                                            prefill_rate=0))
     s3_pid = stack.state.s3.pid
     frozen = False
@@ -166,7 +167,7 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
     sink = None
     try:
         url = sim.start()
-        worker = ConsumerProcess(settings, run_id, url, "gpu0", tmp_path, "--concurrency", "8",
+        worker = ConsumerProcess(settings, run_id, url, "gpu0", tmp_path, "--concurrency", "4",
                                  "--heartbeat-interval", str(HEARTBEAT_S),
                                  "--until-done").start()
         sink_log = tmp_path / "sink.log"
@@ -178,6 +179,8 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
                    "the sink persisting")
         os.kill(s3_pid, signal.SIGSTOP)
         frozen = True
+        at_freeze = report(settings, run_id)
+        assert at_freeze["persisted"] < len(prompts), "the run ended before S3 froze"
 
         def warned() -> bool:
             code, output = status(settings, run_id, "--check", "--upload-stall", "3")
@@ -185,7 +188,8 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
         wait_until(warned, 60, "--check warning about the stuck upload")
         document = report(settings, run_id)
         [row] = document["sinks"]
-        assert row["state"] == "active" and row["uploading_for_s"] >= 3
+        # alive (a 2 s heartbeat is `stale` after 3 s: a loaded machine may show it)
+        assert row["state"] in ("active", "stale") and row["uploading_for_s"] >= 3
         code, text = status(settings, run_id, "--upload-stall", "3")
         assert "WARNING: sink s0: S3 upload in flight" in text
         os.kill(s3_pid, signal.SIGCONT)
