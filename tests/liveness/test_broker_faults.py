@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 from kafka import KafkaConsumer
 
@@ -245,8 +246,11 @@ def test_three_brokers_bounced_in_turn(private_stack, monkeypatch, run_id, tmp_p
     tail = CommittedTail(settings.bootstrap_servers, topics.completions_topic(run_id))
     bounces = []
     try:
-        with running_simulator(PACED) as a, running_simulator(PACED) as b, \
-                running_simulator(PACED) as c:
+        # A third of PACED's speed: three bounces (each a restart and a wait for
+        # the broker, slow on a loaded machine) land before the run ends.
+        slow = msgspec.structs.replace(PACED, decode_rate=60.0)
+        with running_simulator(slow) as a, running_simulator(slow) as b, \
+                running_simulator(slow) as c:
             services = _services(settings, run_id, [a, b, c], tmp_path)
             with Supervisor(services) as supervisor:
                 _wait_generated(settings, run_id, int(0.2 * len(prompts)), 600)
