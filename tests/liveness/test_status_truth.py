@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run
     spec = create_run(settings, run_id, partitions=3, max_tokens=512)
     publish(settings, spec, make_prompts(run_id, 600))
     # gpu0's server has a tiny KV pool: its cache is full at a few requests.
-    sims = [SimulatorProcess(msgspec.structs.replace(SLOW, max_total_num_tokens=2000)),
+    sims = [SimulatorProcess(msgspec.structs.replace(SLOW, max_total_num_tokens=500)),
             SimulatorProcess(SLOW)]
     workers: list[ConsumerProcess] = []
     sink = None
@@ -94,13 +95,19 @@ def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run
         code, output = status(settings, run_id, "--check")
         assert code == 0 and output.startswith(f"OK: run {run_id} running"), output
 
-        # The GPU's side: gpu0's full KV cache means its batch cannot grow.
+        # The GPU's side: gpu0's full KV cache means its batch cannot grow
+        # (each look is one reading of the server: check within one output).
         def kv_full() -> bool:
             rows = {w["instance"]: w for w in report(settings, run_id)["instances"]}
-            return rows["gpu0"]["headroom"]["verdict"] == "no"
-        wait_until(kv_full, 30, "gpu0's server reporting a full KV cache")
-        code, text = status(settings, run_id)
-        assert "batch can grow?" in text and "no: KV cache 100% used" in text
+            room = rows["gpu0"]["headroom"]
+            return room["verdict"] == "no" and room["reason"].startswith("KV cache")
+        wait_until(kv_full, 60, "gpu0's server reporting a full KV cache (--json)")
+
+        def kv_full_shown() -> bool:
+            text = status(settings, run_id)[1]
+            return "batch can grow?" in text and re.search(r"no: KV cache (9\d|100)% used",
+                                                           text) is not None
+        wait_until(kv_full_shown, 60, "status showing gpu0's batch cannot grow")
 
         # A worker stopped cleanly is `stopped`, not dead, and no problem.
         workers[2].terminate()
