@@ -34,7 +34,7 @@ from tokenmill.simulator.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker]
 
-HEARTBEAT_S = 2.0
+HEARTBEAT_S = 3.0
 # Slow answers (~4-10 s each): the run cannot finish while the test looks.
 SLOW = SimulatorConfig(decode_rate=40.0, length_median=250, length_sigma=0.3, length_max=400,
                        prefill_rate=0, max_running_requests=64)
@@ -122,8 +122,9 @@ def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run
         sink.wait(10)
         killed = time.monotonic()
         wait_until(lambda: states(report(settings, run_id), "sinks")["s0"] == "dead",
-                   4 * HEARTBEAT_S, "the sink marked dead")
-        assert time.monotonic() - killed <= 2 * HEARTBEAT_S + 3  # +3: reading status itself
+                   2 * HEARTBEAT_S + 30, "the sink marked dead")
+        # +5: reading status itself (seconds of its own on a loaded machine)
+        assert time.monotonic() - killed <= 2 * HEARTBEAT_S + 5
         wait_until(lambda: status(settings, run_id, "--check")[0] == 2, 30,
                    "--check critical without a live sink")
         code, output = status(settings, run_id, "--check")
@@ -135,8 +136,8 @@ def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run
             worker.kill()
         killed = time.monotonic()
         wait_until(lambda: set(states(report(settings, run_id), "instances").values())
-                   == {"dead", "stopped"}, 4 * HEARTBEAT_S, "the workers marked dead")
-        assert time.monotonic() - killed <= 2 * HEARTBEAT_S + 3
+                   == {"dead", "stopped"}, 2 * HEARTBEAT_S + 30, "the workers marked dead")
+        assert time.monotonic() - killed <= 2 * HEARTBEAT_S + 5
         document = report(settings, run_id)
         assert document["health"]["state"] == "stalled"
         assert document["recent_requests_per_s"] == 0 and document["in_flight"] == 0
@@ -195,7 +196,7 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
         wait_until(warned, 60, "--check warning about the stuck upload")
         document = report(settings, run_id)
         [row] = document["sinks"]
-        # alive (a 2 s heartbeat is `stale` after 3 s: a loaded machine may show it)
+        # alive (a 3 s heartbeat is `stale` after 4.5 s: a loaded machine may show it)
         assert row["state"] in ("active", "stale") and row["uploading_for_s"] >= 3
         code, text = status(settings, run_id, "--upload-stall", "3")
         assert "WARNING: sink s0: S3 upload in flight" in text
