@@ -448,7 +448,9 @@ class Worker:
             try:
                 _low, high = slot.consumer.get_watermark_offsets(
                     TopicPartition(self.prompts_topic, p), cached=True)
-            except Exception:  # noqa: BLE001 - a metric must never stop the worker
+            except Exception as exc:  # noqa: BLE001 - a metric must never stop the worker
+                log.debug("lag of a partition unknown; gauge not updated", partition=p,
+                          error=str(exc))
                 continue
             if high is not None and high >= 0:
                 self.metrics.lag.labels(str(p)).set(max(0, high - committed))

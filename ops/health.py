@@ -189,7 +189,7 @@ def assess(state: RunProgress, now: float, thresholds: Thresholds = Thresholds()
             if seconds >= t.unowned_after_s and to_generate:
                 add(Problem("warning", f"partition {p}",
                             f"owned by no worker for {_age(seconds)}"))
-        idle_for = last_work if last_work is not None else None
+        idle_for = last_work
         if (not stalled and (to_generate or to_persist) and (live_workers or live_sinks)
                 and idle_for is not None and idle_for > t.stall_after_s):
             stalled = True
