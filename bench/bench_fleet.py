@@ -74,7 +74,7 @@ def makespan_case(settings: Settings, name: str, rates: list[float], n: int, tar
         generation = GenerationSettings(model="sim", max_tokens=MAX_TOKENS)
         base = plain_loop(urls, n, CONCURRENCY, generation, work)
         console.print(f"  {name}: shared-queue loop {base.wall_s:.1f}s")
-        run = setup_run(settings, n, PARTITIONS_PER_GPU * len(urls), MAX_TOKENS)
+        run = setup_run(settings, n, PARTITIONS_PER_GPU * len(urls), MAX_TOKENS, gpus=len(urls))
         ours = tokenmill_side(settings, run, urls, work, *WORKER_FLAGS)
         console.print(f"  {name}: tokenmill {ours.wall_s:.1f}s")
     finally:
@@ -104,7 +104,7 @@ def handover_case(settings: Settings, n: int, work: Path) -> Figure:
     admin = kafka_clients.admin(settings)
     procs: list[Launched] = []
     try:
-        run = setup_run(settings, n, PARTITIONS_PER_GPU * 3, MAX_TOKENS)
+        run = setup_run(settings, n, PARTITIONS_PER_GPU * 3, MAX_TOKENS, gpus=3)
         spec = run.spec
         group, topic = topics.generate_group(spec.run_id), topics.prompts_topic(spec.run_id)
         env = child_env(settings)

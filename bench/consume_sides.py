@@ -57,10 +57,12 @@ def prompts_for(run_id: str, n: int) -> list[PromptRecord]:
             for i in range(n)]
 
 
-def setup_run(settings: Settings, n: int, partitions: int, max_tokens: int) -> BenchRun:
-    """A run with n prompts published and the producer marked done."""
+def setup_run(settings: Settings, n: int, partitions: int, max_tokens: int,
+              gpus: int | None = None) -> BenchRun:
+    """A run with n prompts published and the producer marked done (as
+    `produce --gpus` would plan it when `gpus` is given)."""
     run_id = f"bench{uuid.uuid4().hex[:8]}"
-    spec = RunSpec(run_id=run_id, partitions=partitions,
+    spec = RunSpec(run_id=run_id, partitions=partitions, gpus=gpus,
                    generation=GenerationSettings(model="sim", max_tokens=max_tokens))
     RunRegistry(settings).create_run(spec)
     ends = DeliveredEnds()

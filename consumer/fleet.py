@@ -11,20 +11,27 @@ Each worker observes the same fleet (group members and their partitions,
 every partition's remaining records, each worker's measured rate) and acts
 only on its own slots:
 
+- start: when the run knows its planned GPU count, a worker opens its
+  equal share of slots at once (`initial_slots`), so an equal fleet starts
+  with one partition per member and nothing has to move;
 - split: a slot that owns several partitions (after a crash, or at start)
   gets company: the worker opens slots until every member owns at most one;
 - demand: a worker that will run out of work well before the fleet
   (its ETA below the fleet's by more than the slack) opens a standby slot,
   a member with no partition, and closes it when the demand is gone;
-- donate: a worker whose ETA is above the fleet's, seeing another worker's
-  standby, closes the slot whose partition, moved there, shortens the
-  longer of the two ETAs the most, counting the requests the receiver must
-  redo. The assignor gives the freed partition to the standby (the only
-  member without one).
+- donate: a worker whose ETA is above the fleet's, seeing other workers'
+  standbys, closes for each the slot whose partition, moved there,
+  shortens the longer of the two ETAs the most, counting the requests the
+  receiver must redo. The assignor gives a freed partition to a standby (a
+  member without one). The worker drains the slot briefly first
+  (`consumer/handover.py`).
 
-So a mixed fleet converges to shares proportional to measured rates, and
-near the end idle workers take over the remaining work of slower ones,
-wasting at most the in-flight requests of the partitions that move.
+Rates come from committed offsets, counted only once a worker's first
+results are in (`RateTracker`), and nothing moves until some are known.
+So a mixed fleet converges to shares proportional to measured rates, an
+equal one does not move at all, and near the end idle workers take over
+the remaining work of slower ones, wasting at most the in-flight requests
+of the partitions that move.
 
 Everything here is pure: the view comes from `consumer/fleet_view.py`.
 """
@@ -69,6 +76,9 @@ class FleetView(msgspec.Struct, frozen=True):
         return sum(self.backlog(p) for m in self.members if m.worker == worker
                    for p in m.partitions)
 
+    def worker_backlog_of_slot(self, slot: str) -> int:
+        return sum(self.backlog(p) for m in self.members if m.slot == slot for p in m.partitions)
+
     def total_backlog(self) -> int:
         return sum(self.backlog(p) for p in range(self.partitions))
 
@@ -100,14 +110,22 @@ class RateTracker:
     """Each worker's capacity in records/s, from how fast the committed
     offsets of the partitions it owned moved between two views.
 
-    Only intervals in which the worker had work at both ends count, so an
-    idle worker keeps its capacity instead of decaying to zero; `halflife_s`
-    smooths, and a newly seen worker gets the fleet's median until measured.
+    A worker's first results come a request latency after it starts, all
+    at once, so the intervals before and including its first commit say
+    nothing about its rate (counted, a GPU that simply started later looks
+    dead, and the fleet hands it nothing or takes its work). Counting starts
+    after that; idle intervals do not count either (an idle worker keeps its
+    capacity). Records and seconds are summed with a `halflife_s` decay, and
+    a worker's rate is known once `min_measured_s` seconds are counted: one
+    3 s view holds one or two of its commits, too bursty to act on. Workers
+    not measured yet get the fleet's median.
     """
 
-    def __init__(self, halflife_s: float = 20.0) -> None:
+    def __init__(self, halflife_s: float = 30.0, min_measured_s: float = 10.0) -> None:
         self.halflife_s = halflife_s
-        self.rates: dict[str, float] = {}
+        self.min_measured_s = min_measured_s
+        self._sums: dict[str, tuple[float, float]] = {}  # worker -> (records, seconds)
+        self._producing: set[str] = set()  # seen committing: its pipeline is full
         self._last: FleetView | None = None
 
     def observe(self, view: FleetView) -> None:
@@ -125,13 +143,22 @@ class RateTracker:
                 0, view.committed.get(p, 0) - last.committed.get(p, 0))
             busy[worker] = busy.get(worker, False) or (
                 last.backlog(p) > 0 and view.backlog(p) > 0)
-        weight = 1.0 - 0.5 ** (dt / self.halflife_s)
+        decay = 0.5 ** (dt / self.halflife_s) if self.halflife_s > 0 else 0.0
         for worker, count in done.items():
+            if worker not in self._producing:
+                if count:
+                    self._producing.add(worker)  # its first results: count from now
+                continue
             if not busy.get(worker) and count == 0:
                 continue  # idle: says nothing about capacity
-            rate = count / dt
-            old = self.rates.get(worker)
-            self.rates[worker] = rate if old is None else old + weight * (rate - old)
+            records, seconds = self._sums.get(worker, (0.0, 0.0))
+            self._sums[worker] = (records * decay + count, seconds * decay + dt)
+
+    @property
+    def rates(self) -> dict[str, float]:
+        """Measured workers only."""
+        return {w: records / seconds for w, (records, seconds) in self._sums.items()
+                if seconds >= self.min_measured_s}
 
     def rate(self, worker: str) -> float | None:
         return self.rates.get(worker)
@@ -139,11 +166,12 @@ class RateTracker:
     def rates_for(self, workers: Iterable[str]) -> dict[str, float]:
         """Every worker's rate, the median standing in for the unmeasured;
         an empty dict until anyone is measured."""
-        known = sorted(r for r in self.rates.values() if r > 0)
+        measured = self.rates
+        known = sorted(r for r in measured.values() if r > 0)
         if not known:
             return {}
         median = known[len(known) // 2]
-        return {w: self.rates.get(w) or median for w in workers}
+        return {w: measured.get(w) or median for w in workers}
 
 
 # -- the decision -----------------------------------------------------------------
@@ -172,41 +200,72 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
                             why=f"towards {want} slots, one partition each")
     if not view.stable:
         return Decision(why="group rebalancing")
-    if not mine:
-        # It gave its last partition away: back into the group as a standby.
-        return Decision(open=1, why="rejoin as a standby") if total else Decision()
     if total == 0 or not rates or me not in rates:
+        if not mine and total:
+            # It gave its last partition away: back into the group as a standby.
+            return Decision(open=1, why="rejoin as a standby")
         if standbys and total == 0:
             return Decision(close=tuple(m.slot for m in standbys), why="no work left")
         return Decision(why="no rates yet" if total else "no work left")
-    workers = view.workers()
+    workers = view.workers() | {me}
     fleet_rate = sum(rates.get(w, 0.0) for w in workers)
     fleet_eta = eta(total, fleet_rate)
     slack = max(params.min_slack_s, params.slack_share * fleet_eta)
     etas = {w: eta(view.worker_backlog(w), rates.get(w, 0.0)) for w in workers}
-    # 2. demand: well ahead of the fleet -> one standby (keep it while ahead).
-    ahead = etas[me] < fleet_eta - slack
+    # 2. demand: one standby (kept while it holds) when this worker is ahead
+    # of the fleet and taking a partition from the worker furthest behind
+    # would save that worker at least the slack. Only a worker that gains
+    # the fleet time asks: a standby of a slow GPU would compete with a fast
+    # one's for the partition freed (two slow GPUs would trade partitions).
+    behind = max((w for w in workers if w != me), key=lambda w: (etas[w], w), default=None)
+    gain = None if behind is None else best_move(view, rates, behind, me, my_latency_s)
+    ahead = etas[me] < fleet_eta and gain is not None and gain[1] >= slack
+    if not mine:
+        return Decision(open=1, why="rejoin as a standby") if ahead else Decision()
     if ahead and not standbys and len(mine) < params.max_slots:
-        return Decision(open=1,
-                        why=f"ahead of the fleet (eta {etas[me]:.0f}s vs {fleet_eta:.0f}s)")
+        assert behind is not None
+        return Decision(open=1, why=f"ahead of the fleet (eta {etas[me]:.0f}s vs "
+                                    f"{etas[behind]:.0f}s for {behind})")
     if standbys and not ahead:
         return Decision(close=tuple(m.slot for m in standbys), why="caught up with the fleet")
     if len(standbys) > 1:
         return Decision(close=tuple(m.slot for m in standbys[1:]), why="one standby is enough")
-    # 3. donate: the k workers furthest behind each hand one partition over,
-    # k = the standbys waiting (the assignor gives each freed partition to a
-    # member without one, so more donors than standbys would pile up).
+    # 3. donate: the workers furthest behind hand one partition to each
+    # waiting standby (the assignor gives each freed partition to a member
+    # without one, so more partitions than standbys would pile up).
     receivers = sorted({m.worker for m in view.members if not m.partitions},
                        key=lambda w: (etas[w], w))
     donors = sorted((w for w in workers if etas[w] > fleet_eta + slack and w not in receivers),
                     key=lambda w: (-etas[w], w))[:len(receivers)]
     if me not in donors:
         return Decision()
-    receiver = receivers[donors.index(me)]
-    move = best_move(view, rates, me, receiver, my_latency_s)
-    if move is None or move[1] < slack:
+    # Receivers are dealt to donors in turn: a single slow GPU serves every
+    # waiting standby in one round instead of one per round.
+    my_receivers = [r for i, r in enumerate(receivers) if donors[i % len(donors)] == me]
+    closes: list[str] = []
+    gains: list[str] = []
+    moved = 0
+    for receiver in my_receivers:
+        move = best_move(view, rates, me, receiver, my_latency_s, exclude=closes, moved=moved)
+        if move is None or move[1] < slack:
+            continue
+        closes.append(move[0])
+        moved += view.worker_backlog_of_slot(move[0])
+        gains.append(f"{receiver} (saves {move[1]:.0f}s)")
+    if not closes:
         return Decision()
-    return Decision(close=(move[0],), why=f"hand a partition to {receiver} (saves {move[1]:.0f}s)")
+    return Decision(close=tuple(closes), why="hand a partition to " + ", ".join(gains))
+
+
+def initial_slots(partitions: int, gpus: int | None, max_slots: int = Params().max_slots) -> int:
+    """Members a worker opens at start: its share of the fleet the run was
+    planned for. When the fleet starts together, the assignor's first
+    answer is then one partition per member, shared equally, and no slot
+    has to split later (a split moves partitions across workers and wastes
+    their requests in flight). Unknown fleet: one member, split later."""
+    if not gpus:
+        return 1
+    return max(1, min(max_slots, math.ceil(partitions / gpus)))
 
 
 def fair_share(view: FleetView, rates: Mapping[str, float], me: str) -> int:
@@ -219,19 +278,22 @@ def fair_share(view: FleetView, rates: Mapping[str, float], me: str) -> int:
 
 
 def best_move(view: FleetView, rates: Mapping[str, float], donor: str, receiver: str,
-              donor_latency_s: float) -> tuple[str, float] | None:
+              donor_latency_s: float, *, exclude: Iterable[str] = (), moved: int = 0
+              ) -> tuple[str, float] | None:
     """The donor's single-partition slot whose move to the receiver shortens
     the later of the two ETAs the most, and by how many seconds. Moving
     costs the receiver the requests it must redo: about one request latency
-    there (the donor's latency, scaled by the two rates)."""
+    there (the donor's latency, scaled by the two rates). `exclude`: slots
+    already given away this round, `moved` records with them."""
     r_donor, r_receiver = rates[donor], rates[receiver]
-    donor_backlog = view.worker_backlog(donor)
+    donor_backlog = view.worker_backlog(donor) - moved
+    excluded = set(exclude)
     receiver_backlog = view.worker_backlog(receiver)
     before = max(eta(donor_backlog, r_donor), eta(receiver_backlog, r_receiver))
     redo_s = donor_latency_s * (r_donor / r_receiver if r_receiver > 0 else 1.0)
     best: tuple[str, float] | None = None
     for member in view.members:
-        if member.worker != donor or len(member.partitions) != 1:
+        if member.worker != donor or len(member.partitions) != 1 or member.slot in excluded:
             continue
         b = view.backlog(member.partitions[0])
         if b == 0:

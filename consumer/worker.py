@@ -32,8 +32,9 @@ from consumer import counters
 from consumer.backoff import RetryPolicy
 from consumer.breaker import Breaker
 from consumer.concurrency import AutoBounds, next_limit, parse_metrics
-from consumer.fleet import FleetView, RateTracker, decide
+from consumer.fleet import FleetView, RateTracker, decide, initial_slots
 from consumer.fleet_view import ViewUnavailable, read_view
+from consumer.handover import Handovers, drain_limit_s
 from consumer.generation import Generator, Outcome, ServerRefuses
 from consumer.health import HealthGate
 from consumer.membership import Membership, MembershipConfig, Slot
@@ -76,7 +77,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     static_membership: bool = False  # classic protocol only
     fleet_balancing: bool = True  # KIP-848 only: capacity-weighted slots
     fleet_interval_s: float = 3.0
-    park_s: float = 8.0
+    park_s: float = 3.0
     until_done: bool = False
     done_check_interval_s: float = 3.0
     metrics_port: int = 0
@@ -138,6 +139,7 @@ class Worker:
         self._gate: HealthGate | None = None
         self._generator: Generator | None = None
         self._rates = RateTracker()
+        self._handovers = Handovers()  # donated slots draining before they close
         self.breaker = Breaker(window=config.breaker_window, threshold=config.breaker_threshold,
                                cooldown_s=config.breaker_cooldown_s)
         self._background: list[asyncio.Task[Any]] = []
@@ -184,7 +186,9 @@ class Worker:
             on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
             want_paused=lambda: self._members is not None and self._members.paused,
             watchdog=self.watchdog)
-        self._members.open()
+        balanced = config.group_protocol == "consumer" and config.fleet_balancing
+        for _ in range(initial_slots(self.spec.partitions, self.spec.gpus) if balanced else 1):
+            self._members.open()
 
 
     # -- rebalance callbacks (inside consume()/close(), on the loop thread) ------
@@ -317,7 +321,7 @@ class Worker:
             for state in list(self.states.values()):
                 if in_flight >= self.limit:
                     break
-                if not state.queue:
+                if not state.queue or state.slot in self._handovers:
                     continue
                 offset, prompt = state.queue.popleft()
                 state.tasks[offset] = loop.create_task(self._generate(state, offset, prompt))
@@ -361,7 +365,9 @@ class Worker:
         if time.monotonic() - self._last_commit >= self.config.commit_interval_s:
             return True
         ready = sum(s.watermark.ready_count() for s in self.states.values())
-        return ready >= self.config.commit_max_records
+        # Nothing in flight: no result is coming to share the transaction
+        # (the end of a run or of this worker's partitions), so commit now.
+        return ready >= self.config.commit_max_records or (ready > 0 and not self.in_flight)
 
     def _commit(self, only: set[int] | None = None) -> int:
         """One transaction: ready results + counters + input offsets (each
@@ -517,17 +523,43 @@ class Worker:
 
     def _balance(self, view: FleetView, settled: bool) -> None:
         assert self._members is not None
+        if self._handovers:
+            return  # one move at a time: the view still shows the draining slot
         decision = decide(view, self._rates.rates_for(view.workers()), self.config.instance,
                           my_latency_s=self.latency_s, settled=settled)
+        # The view may predate a slot this worker closed since.
+        decision = msgspec.structs.replace(
+            decision, close=tuple(n for n in decision.close if n in self._members.slots))
         if decision.open or decision.close:
             log.info("fleet: adjusting slots", open=decision.open, close=list(decision.close),
                      why=decision.why)
         for _ in range(decision.open):
             self._members.open()
+        now = time.monotonic()
         for name in decision.close:
-            if name in self._members.slots:
+            slot = self._members.slots.get(name)
+            if slot is None:
+                continue
+            if slot.partitions:
+                # A donation: drain first (no new requests there), close after.
+                self._handovers.start(name, now, drain_limit_s(self.latency_s))
+            else:
                 # Even its last one: a standby opened now would compete with
                 # the receiver's for the freed partition; it rejoins next round.
+                self._members.close(name)
+        self._close_drained()
+        self.metrics.slots.set(len(self._members.slots))
+
+    def _close_drained(self) -> None:
+        """Close the donating slots whose requests have all finished (their
+        results are committed by the revoke) or whose drain limit passed."""
+        if not self._handovers or self._members is None:
+            return
+        def in_flight(name: str) -> int:
+            return sum(len(s.tasks) for s in self.states.values() if s.slot == name)
+        for name, drained in self._handovers.due(time.monotonic(), in_flight):
+            if name in self._members.slots:
+                log.info("fleet: handing a partition over", slot=name, drained=drained)
                 self._members.close(name)
         self.metrics.slots.set(len(self._members.slots))
 
@@ -689,6 +721,7 @@ class Worker:
             self._expire_parked()
             if self._commit_due():
                 self._commit()
+            self._close_drained()
             await self._idle(0.05)
 
     async def _idle(self, seconds: float) -> None:

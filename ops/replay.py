@@ -40,6 +40,7 @@ def replay_spec(parent: RunSpec, run_id: str, generation: dict[str, Any],
         "inputs": parent.inputs,
         "prompts_topic": source_prompts_topic(parent),
         "origin": Origin(kind="replay"),
+        "gpus": parent.gpus,
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return RunSpec(**fields)

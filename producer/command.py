@@ -136,7 +136,8 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
             estimate = run_estimate(plan, max_tokens=max_tokens, gpus=gpus, gpu_hour_cost=price)
         except PlanMismatch as exc:
             raise click.BadParameter(f"{plan_path}: {exc}", param_hint="--plan") from None
-    spec = RunSpec(run_id=run_id, partitions=gpus * partitions_per_gpu, generation=generation,
+    spec = RunSpec(run_id=run_id, partitions=gpus * partitions_per_gpu, gpus=gpus,
+                   generation=generation,
                    multi_turn=multi_turn,  # type: ignore[arg-type]
                    qa=parse_dlq_reasons(dlq_reasons), s3=s3, parent_run=parent_run,
                    estimate=estimate)

@@ -121,6 +121,10 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # A replay run points it at its parent's prompts topic.
     prompts_topic: str | None = None
     origin: Origin = Origin()
+    # GPUs the run was planned for (`produce --gpus`): a worker starts with
+    # partitions / gpus group members, its share of an equal fleet, so the
+    # fleet's first assignment is already one partition per member.
+    gpus: int | None = None
     v: int = 1
 
     def __post_init__(self) -> None:
@@ -131,6 +135,9 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             )
         if self.partitions < 1:
             raise ValueError(f"run {self.run_id}: partitions must be >= 1, got {self.partitions}")
+        if self.gpus is not None and not 1 <= self.gpus <= self.partitions:
+            raise ValueError(f"run {self.run_id}: gpus must be 1..partitions "
+                             f"({self.partitions}), got {self.gpus}")
         if self.origin.kind != "produce" and not self.parent_run:
             raise ValueError(f"run {self.run_id}: a {self.origin.kind} needs a parent run")
 

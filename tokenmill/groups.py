@@ -66,7 +66,9 @@ def set_session_timeout(admin: AdminClient, group: str, seconds: float,
     match), within the broker's group.consumer.min/max bounds. False (and a
     warning) when the broker refuses; its default then applies."""
     session_ms = int(seconds * 1000)
-    heartbeat_ms = max(500, min(5000, session_ms // 5))
+    # Members learn a new assignment at their next heartbeat, so the interval
+    # bounds how fast partitions move (start, hand-over, donations).
+    heartbeat_ms = max(500, min(5000, session_ms // 10))
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
         ConfigEntry("consumer.session.timeout.ms", str(session_ms),
                     incremental_operation=AlterConfigOpType.SET),
