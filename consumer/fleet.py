@@ -218,7 +218,10 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
     # the fleet time asks: a standby of a slow GPU would compete with a fast
     # one's for the partition freed (two slow GPUs would trade partitions).
     behind = max((w for w in workers if w != me), key=lambda w: (etas[w], w), default=None)
-    gain = None if behind is None else best_move(view, rates, behind, me, my_latency_s)
+    # best_move scales the donor's latency to the receiver's; here this
+    # worker is the receiver and knows its own.
+    gain = None if behind is None or not rates.get(behind) else best_move(
+        view, rates, behind, me, my_latency_s * rates[me] / rates[behind])
     ahead = etas[me] < fleet_eta and gain is not None and gain[1] >= slack
     if not mine:
         return Decision(open=1, why="rejoin as a standby") if ahead else Decision()

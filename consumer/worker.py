@@ -525,7 +525,8 @@ class Worker:
         assert self._members is not None
         if self._handovers:
             return  # one move at a time: the view still shows the draining slot
-        decision = decide(view, self._rates.rates_for(view.workers()), self.config.instance,
+        decision = decide(view, self._rates.rates_for(view.workers() | {self.config.instance}),
+                          self.config.instance,
                           my_latency_s=self.latency_s, settled=settled)
         # The view may predate a slot this worker closed since.
         decision = msgspec.structs.replace(
