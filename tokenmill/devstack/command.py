@@ -24,7 +24,7 @@ def _exports(state: stack.StackState) -> str:
 
 @click.group()
 def dev() -> None:
-    """A local Kafka broker and S3 server, no Docker needed."""
+    """A local Kafka broker and S3 server (no Docker needed), and container images."""
 
 
 @dev.command()

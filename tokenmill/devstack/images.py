@@ -109,11 +109,14 @@ def _recipe_text() -> str:
     return inspect.getsource(_build_base)
 
 
-def moto_requirement() -> str:
-    """moto at the version this environment runs (the `local` extra's)."""
+def s3_requirements() -> list[str]:
+    """moto's S3 service and its HTTP server (flask), at the versions this
+    environment runs (the `local` extra's): not moto[server], whose every
+    other service's dependencies would double the image and its build time."""
     from importlib.metadata import version
 
-    return f"moto[server]=={version('moto')}"
+    return [f"moto[s3]=={version('moto')}", f"flask=={version('flask')}",
+            f"flask-cors=={version('flask-cors')}"]
 
 
 def _podman(*args: str, stdin: int | None = None, timeout: float = 1800) -> str:
@@ -218,13 +221,13 @@ def build_images(source: Path = PROJECT_ROOT,
 
         s3_context = work / "s3"
         shutil.copytree(deploy_files.root() / "images" / "s3", s3_context)  # type: ignore[arg-type]
-        requirement = moto_requirement()
+        requirements = s3_requirements()
 
         def build_s3(ref: str) -> None:
-            _download_wheels([requirement], s3_context / "wheels")
-            _build(ref, s3_context, base, f"MOTO_REQUIREMENT={requirement}")
+            _download_wheels(requirements, s3_context / "wheels")
+            _build(ref, s3_context, base, f"S3_REQUIREMENTS={' '.join(requirements)}")
 
-        s3 = _ensure("s3", [("base", base.encode()), ("moto", requirement.encode()),
+        s3 = _ensure("s3", [("base", base.encode()), ("moto", " ".join(requirements).encode()),
                             *directory_parts(s3_context)], on_progress, build_s3)
 
         project_context = work / "tokenmill"
