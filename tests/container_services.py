@@ -9,7 +9,6 @@ the address it advertises works from the host.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 import urllib.error
@@ -27,18 +26,9 @@ START_TIMEOUT_S = 240.0
 CONTROLLER_PORT = 9093
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One test process at a time (xdist workers share the image cache)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def built_images() -> images.Images:
-    with _locked(container_engine.state_dir() / ".images.lock"):
-        return images.build_images()
+    """The images, built when missing (xdist workers wait for each other)."""
+    return images.build_images()
 
 
 @contextmanager

@@ -34,6 +34,8 @@ PACKAGES = {
     "netavark": "/usr/lib/podman/netavark",
     "aardvark-dns": "/usr/lib/podman/aardvark-dns",
     "iptables": "iptables",
+    "slirp4netns": "slirp4netns",
+    "uidmap": "newuidmap",
 }
 CONTAINERS_CONF = Path("/etc/containers/containers.conf")
 CONTAINERS_CONF_TEXT = """\

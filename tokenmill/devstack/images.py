@@ -13,6 +13,7 @@ build. Each image is also tagged `:local`, the name compose files use.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -203,11 +204,19 @@ def tokenmill_dockerfile(wheel_name: str) -> str:
 
 def build_images(source: Path = PROJECT_ROOT,
                  on_progress: Callable[[str], None] = lambda _: None) -> Images:
-    """Build whichever image is missing; return all four references."""
+    """Build whichever image is missing; return all four references. One
+    build at a time per cache directory: others wait, then find the images."""
     container_engine.ensure_engine()
     jars = kafka_broker.fetch_jars(on_progress)
     work_root = Path(prerequisites.kafka_cache_dir()).parent / "images"
     work_root.mkdir(parents=True, exist_ok=True)
+    with open(work_root / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_all(source, jars, work_root, on_progress)
+
+
+def _build_all(source: Path, jars: Path, work_root: Path,
+               on_progress: Callable[[str], None]) -> Images:
     with tempfile.TemporaryDirectory(dir=work_root) as scratch:
         work = Path(scratch)
         base = _ensure("base", [("base", base_key().encode())], on_progress,
