@@ -1,6 +1,8 @@
 # The two set-up commands (README "The two commands"; .ci/run runs `make test`):
 #   make demo   the whole pipeline on this machine (Kafka, S3, simulated GPUs)
 #   make test   the test suite
+#   make test-containers   the exactly-once end-to-end tests on containers (podman;
+#                          CI runs it before `make test`; root on Debian, see README)
 #   make check-monitoring   promtool's checks of the shipped Prometheus files (opt-in: needs Go)
 # Each checks the machine first (Python 3.11+, Java 17+, Maven: one line naming
 # what is missing), then creates or reuses the virtual environment $(VENV) and
@@ -12,7 +14,7 @@ VENV ?= .venv
 ARGS ?=
 PIP_INSTALL = $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test prerequisites check-monitoring
+.PHONY: demo test test-containers prerequisites check-monitoring
 
 demo: prerequisites $(VENV)/.installed-local
 	$(VENV)/bin/tokenmill demo $(ARGS)
@@ -20,8 +22,16 @@ demo: prerequisites $(VENV)/.installed-local
 # Tests marked `alone` compare a prediction with a timed run: they run after
 # the rest, with nothing beside them (exit code 5: ARGS selected none of them).
 test: prerequisites $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest -q -m "not alone" $(ARGS)
+	$(VENV)/bin/python -m pytest -q -m "not alone and not containers" $(ARGS)
 	$(VENV)/bin/python -m pytest -q -n 0 -m alone $(ARGS) || [ $$? -eq 5 ]
+
+# The end-to-end tests (exactly once with crashes, and the compose stack) with
+# the broker and S3 server in containers: podman set up and the images built
+# by `tokenmill dev images` (installs podman when missing; cached after the
+# first run), then testcontainers through podman's Docker-compatible API.
+test-containers: prerequisites $(VENV)/.installed-test
+	$(VENV)/bin/tokenmill dev images
+	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q -n 0 tests/e2e $(ARGS)
 
 prerequisites:
 	@$(PYTHON) -m tokenmill.devstack.prerequisites

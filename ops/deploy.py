@@ -135,6 +135,11 @@ def monitoring_files() -> list[RenderedFile]:
             for file in deploy_files.folder_files(folder, {})]
 
 
+# The images `tokenmill dev images` builds (tokenmill/devstack/images.py).
+DEFAULT_KAFKA_IMAGE = "localhost/tokenmill-kafka:local"
+DEFAULT_S3_IMAGE = "localhost/tokenmill-s3:local"
+
+
 def kafka_image_environment(properties: str) -> dict[str, str]:
     """server.properties as the apache/kafka image's variables: `a.b_c` is
     `KAFKA_A_B__C` (dots to _, underscores doubled)."""
@@ -149,7 +154,8 @@ def kafka_image_environment(properties: str) -> dict[str, str]:
 
 
 def compose_files(*, run: str, gpus: int, time_scale: float, requirement: str, image: str,
-                  cluster_id: str) -> list[RenderedFile]:
+                  cluster_id: str, kafka_image: str = DEFAULT_KAFKA_IMAGE,
+                  s3_image: str = DEFAULT_S3_IMAGE) -> list[RenderedFile]:
     node = kraft.Node(1, "kafka", 9092, 9093)
     properties = kraft.server_properties([node], node, data_dir="/tmp/kraft-combined-logs",
                                          cluster_id=cluster_id, listen_host="0.0.0.0")
@@ -161,7 +167,7 @@ def compose_files(*, run: str, gpus: int, time_scale: float, requirement: str, i
         for gpu in range(gpus))
     values = {"run": run, "gpus": gpus, "image": image, "requirement": requirement,
               "cluster_id": cluster_id, "kafka_environment": kafka_env,
-              "gpu_services": gpu_services}
+              "gpu_services": gpu_services, "kafka_image": kafka_image, "s3_image": s3_image}
     return [RenderedFile("compose.yaml", deploy_files.render_file("docker/compose.yaml", values)),
             RenderedFile("Dockerfile", deploy_files.render_file("docker/Dockerfile", values))]
 
@@ -271,15 +277,24 @@ def monitoring(out_dir: Path) -> None:
 @click.option("--wheel", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="Install this tokenmill wheel in the image (copied next to the "
               "Dockerfile) instead of the released version from PyPI.")
+@click.option("--image", default=None, show_default="tokenmill:<version>",
+              help="Name of tokenmill's image (built from the Dockerfile when missing).")
+@click.option("--kafka-image", default=DEFAULT_KAFKA_IMAGE, show_default=True,
+              help="A Kafka 4.1 KRaft image configured by KAFKA_* variables (apache/kafka's "
+              "convention; `tokenmill dev images` builds the default).")
+@click.option("--s3-image", default=DEFAULT_S3_IMAGE, show_default=True,
+              help="An S3 API server listening on port 9000 (`tokenmill dev images` builds the "
+              "default: moto).")
 @service_command
 def compose(settings: Settings, out_dir: Path, run_id: str, gpus: int, time_scale: float,
-            wheel: Path | None) -> None:
-    """A Docker Compose set-up: Kafka, MinIO, simulated GPUs, workers, sink.
+            wheel: Path | None, image: str | None, kafka_image: str, s3_image: str) -> None:
+    """A Docker Compose set-up: Kafka, an S3 server, simulated GPUs, workers, sink.
 
     \b
     Example:
+      tokenmill dev images    # the base, Kafka and S3 images, from Debian and Maven Central
       tokenmill deploy compose --out stack --gpus 2
-      docker compose -f stack/compose.yaml up --build
+      podman-compose -f stack/compose.yaml up --build
     """
     tag = package_version()
     requirement = f"tokenmill=={tag}"
@@ -288,6 +303,7 @@ def compose(settings: Settings, out_dir: Path, run_id: str, gpus: int, time_scal
         shutil.copyfile(wheel, out_dir / wheel.name)
         requirement = f"/opt/tokenmill/context/{wheel.name}"
     _write(out_dir, compose_files(run=run_id, gpus=gpus, time_scale=time_scale,
-                                  requirement=requirement, image=f"tokenmill:{tag}",
-                                  cluster_id=kraft.new_cluster_id()))
+                                  requirement=requirement, image=image or f"tokenmill:{tag}",
+                                  cluster_id=kraft.new_cluster_id(), kafka_image=kafka_image,
+                                  s3_image=s3_image))
     console.print(f"\nStart it: docker compose -f {out_dir / 'compose.yaml'} up --build")

@@ -1,11 +1,14 @@
 """Session-wide services for the tests: one real Kafka broker and one S3
 endpoint per session; every test gets its own run id (and so its own topics).
 
-Where they come from, first match wins:
-1. `TOKENMILL_TEST_BOOTSTRAP_SERVERS` / `TOKENMILL_TEST_S3_ENDPOINT_URL`;
-2. testcontainers (Kafka, MinIO) when a Docker engine answers a ping;
-3. the native dev stack (`tokenmill dev up` machinery) in a temporary state
-   directory on free ports, stopped at the end of the session.
+Where they come from:
+1. `TOKENMILL_TEST_BOOTSTRAP_SERVERS` / `TOKENMILL_TEST_S3_ENDPOINT_URL`, when set;
+2. else `TOKENMILL_TEST_SERVICES=containers`: the Kafka and S3 images
+   `tokenmill dev images` builds, run by testcontainers through podman's
+   Docker-compatible API (tokenmill sets podman up when it is missing);
+3. else (`native`, the default): the dev stack (`tokenmill dev up`
+   machinery) in a temporary state directory on free ports.
+Whatever the session started is stopped at its end.
 """
 
 from __future__ import annotations
@@ -38,29 +41,25 @@ class Services:
     origin: str
 
 
-def docker_engine_answers() -> bool:
-    try:
-        import docker  # testcontainers' dependency
-
-        client = docker.from_env(timeout=3)
-        return bool(client.ping())
-    except Exception:
-        return False
+SERVICE_MODES = ("native", "containers")
 
 
-def _from_containers() -> Iterator[Services]:
-    from testcontainers.kafka import KafkaContainer
-    from testcontainers.minio import MinioContainer
+def service_mode() -> str:
+    mode = os.environ.get("TOKENMILL_TEST_SERVICES", "native")
+    if mode not in SERVICE_MODES:
+        raise pytest.UsageError(f"TOKENMILL_TEST_SERVICES={mode!r}: expected one of "
+                                f"{', '.join(SERVICE_MODES)}")
+    return mode
 
-    with KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka, MinioContainer() as minio:
-        config = minio.get_config()
-        yield Services(
-            bootstrap_servers=kafka.get_bootstrap_server(),
-            s3_endpoint_url=f"http://{config['endpoint']}",
-            s3_access_key=config["access_key"],
-            s3_secret_key=config["secret_key"],
-            origin="testcontainers",
-        )
+
+def _from_containers(tmp: Path) -> Iterator[Services]:
+    from tests import container_services
+
+    built = container_services.built_images()
+    with container_services.podman_api(tmp), \
+            container_services.kafka_and_s3(built) as (bootstrap, endpoint):
+        yield Services(bootstrap_servers=bootstrap, s3_endpoint_url=endpoint,
+                       s3_access_key="testing", s3_secret_key="testing", origin="containers")
 
 
 def _from_native(tmp: Path) -> Iterator[Services]:
@@ -90,8 +89,8 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
             origin="environment",
         )
-    elif docker_engine_answers():
-        yield from _from_containers()
+    elif service_mode() == "containers":
+        yield from _from_containers(tmp_path_factory.mktemp("podman"))
     else:
         yield from _from_native(tmp_path_factory.mktemp("stack"))
 

@@ -182,7 +182,7 @@ def test_compose_with_three_simulated_gpus_and_a_local_wheel(tmp_path: Path) -> 
     assert f"pip install --no-cache-dir /opt/tokenmill/context/{wheel.name}" in dockerfile
     doc = yaml.safe_load((out / "compose.yaml").read_text())
     services = doc["services"]
-    assert set(services) == {"kafka", "minio", "tokenmill", "sink"} | {
+    assert set(services) == {"kafka", "s3", "tokenmill", "sink"} | {
         f"{kind}-gpu{i}" for kind in ("sim", "consume") for i in range(3)}
     for i in range(3):
         command = services[f"consume-gpu{i}"]["command"]
@@ -197,6 +197,21 @@ def test_compose_with_three_simulated_gpus_and_a_local_wheel(tmp_path: Path) -> 
     assert kafka_env["KAFKA_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS"] == "3000"
     assert kafka_env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
     assert kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    # The images `tokenmill dev images` builds, by default (no registry needed).
+    assert services["kafka"]["image"] == "localhost/tokenmill-kafka:local"
+    assert services["s3"]["image"] == "localhost/tokenmill-s3:local"
+    assert services["sink"]["environment"]["TOKENMILL_S3_ENDPOINT_URL"] == "http://s3:9000"
+    assert dockerfile.splitlines()[dockerfile.splitlines().index(
+        "ARG BASE_IMAGE=localhost/tokenmill-base:local") + 1] == "FROM ${BASE_IMAGE}"
+
+
+def test_compose_takes_the_images_it_is_given(tmp_path: Path) -> None:
+    result = tokenmill("deploy", "compose", "--out", str(tmp_path), "--image", "tm:1",
+                       "--kafka-image", "k:2", "--s3-image", "s:3")
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load((tmp_path / "compose.yaml").read_text())["services"]
+    assert (services["sink"]["image"], services["kafka"]["image"], services["s3"]["image"]) == \
+        ("tm:1", "k:2", "s:3")
 
 
 def test_compose_installs_the_released_package_by_default(tmp_path: Path) -> None:
@@ -245,7 +260,7 @@ def test_compose_files_follow_the_compose_specification(tmp_path: Path) -> None:
         documents[extra.name] = yaml.safe_load(extra.read_text())
     for name, document in documents.items():
         jsonschema.validate(document, schema)  # raises, naming the path, on a violation
-    # The sink creates its bucket (MinIO starts empty; it must not crash-loop).
+    # The sink creates its bucket (the S3 server starts empty; it must not crash-loop).
     assert "--create-bucket" in documents["compose.yaml"]["services"]["sink"]["command"]
     # ...and the schema is strict enough to catch a typo'd service key.
     broken = dict(documents["compose.yaml"])

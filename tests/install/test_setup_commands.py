@@ -36,6 +36,9 @@ def test_ci_runs_the_readme_test_command_and_nothing_else_runs_tests() -> None:
     test_command = readme_two_commands()[1]
     commands = ci_commands()
     assert commands[-1] == test_command
+    # and the container pass before it (README "Tests on containers")
+    assert "make test-containers" in commands[:-1]
+    assert "make test-containers" in (CHECKOUT / "README.md").read_text()
     assert not any("pytest" in command for command in commands)
 
 
@@ -58,6 +61,8 @@ def _dry_run(target: str, venv: Path) -> list[str]:
     ("demo", "local", "{venv}/bin/tokenmill demo"),
     # the `alone` tests after the rest, on their own (see the Makefile)
     ("test", "test", "{venv}/bin/python -m pytest -q -n 0 -m alone || [ $? -eq 5 ]"),
+    ("test-containers", "test",
+     "TOKENMILL_TEST_SERVICES=containers {venv}/bin/python -m pytest -q -n 0 tests/e2e"),
 ])
 def test_make_targets_check_then_create_install_and_run(tmp_path: Path, target: str,
                                                         extra: str, last: str) -> None:

@@ -48,7 +48,7 @@ def test_systemd_and_email_like_text_is_not_a_placeholder() -> None:
 def test_every_file_in_the_package_folder_is_listed_and_readable() -> None:
     on_disk = sorted(str(p.relative_to(PACKAGE_DEPLOY)) for p in PACKAGE_DEPLOY.rglob("*")
                      if p.is_file() and "__pycache__" not in p.parts)
-    folders = ("kafka", "systemd", "docker", "prometheus", "grafana")
+    folders = ("kafka", "systemd", "docker", "images", "prometheus", "grafana")
     listed = [path for folder in folders for path in deploy_files.files_in(folder)]
     assert sorted(listed) == on_disk  # every folder is one of these
     assert "kafka/pom.xml" in listed and "systemd/tokenmill-consume@.service" in listed
