@@ -14,6 +14,8 @@ import msgspec
 
 from schemas import Failure, PromptRecord, RunSpec
 from schemas.raw import capture
+from schemas.turn import TurnRecord
+from tokenmill.conversation import user_turns
 
 _decoder = msgspec.json.Decoder(PromptRecord)
 
@@ -50,3 +52,29 @@ def invalid_record(spec: RunSpec, *, topic: str, partition: int, offset: int,
     return Failure(id=record_id, run=spec.run_id, settings_hash=spec.settings_hash,
                    prompt=placeholder, failure="invalid", error=problem[:2000],
                    instance=instance, raw=capture(topic, partition, offset, key, value))
+
+
+_turn_decoder = msgspec.json.Decoder(TurnRecord)
+
+
+def check_turn(value: bytes | None, spec: RunSpec) -> TurnRecord | str:
+    """A conversation between two turns of this run, or what is wrong with it."""
+    if value is None:
+        return "null value (a tombstone) in the turns topic"
+    try:
+        record = _turn_decoder.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"not a turn record: {exc}"
+    if record.run != spec.run_id:
+        return f"a turn record of run {record.run!r} in the turns topic of run {spec.run_id!r}"
+    if record.settings_hash != spec.settings_hash:
+        return (f"a turn record made with settings {record.settings_hash}, the run's are "
+                f"{spec.settings_hash}")
+    users = user_turns(record.prompt.messages)
+    turns = [s.turn for s in record.steps]
+    if not record.steps or not 0 <= record.next_turn < users:
+        return f"a turn record with no steps or next turn {record.next_turn} of {users}"
+    if turns != sorted(turns) or turns[0] != 0 or turns[-1] > record.next_turn or \
+            any(b - a > 1 for a, b in zip(turns, turns[1:])) or record.next_turn - turns[-1] > 1:
+        return f"a turn record whose steps answer turns {turns} before turn {record.next_turn}"
+    return record

@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-MultiTurnPolicy = Literal["last-user", "strip-assistant", "per-user-turn"]
+MultiTurnPolicy = Literal["last-user", "strip-assistant", "per-user-turn", "regenerate-turns"]
 ToolMode = Literal["structured", "as-given"]
 RunKind = Literal["produce", "replay", "redrive"]
 
@@ -121,6 +121,9 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # A replay run points it at its parent's prompts topic.
     prompts_topic: str | None = None
     origin: Origin = Origin()
+    # `regenerate-turns`: a `module:function` that answers tool calls before
+    # the dataset's recorded results are looked at (consumer/tool_results.py).
+    tool_results: str | None = None
     v: int = 1
 
     def __post_init__(self) -> None:
