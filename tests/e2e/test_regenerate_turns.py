@@ -75,25 +75,40 @@ def requests_by_step(log: Path) -> dict[tuple[str, int], list[list[dict[str, Any
     return out
 
 
+def stack_env(settings: Any, tmp_path: Path) -> dict[str, str]:
+    """The services' environment (and the bucket they write to)."""
+    boto3.client("s3", endpoint_url=settings.s3_endpoint_url,
+                 region_name="us-east-1").create_bucket(Bucket=settings.s3_bucket)
+    return {**os.environ, "TOKENMILL_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "TOKENMILL_S3_ENDPOINT_URL": settings.s3_endpoint_url,
+            "TOKENMILL_S3_BUCKET": settings.s3_bucket, "TOKENMILL_LOG_FORMAT": "json",
+            "TOKENMILL_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+
+
+def produce(env: dict[str, str], tmp_path: Path, dataset: Path, run_id: str, *args: str) -> None:
+    produced = Service("producer", cli("produce", str(dataset), "--run", run_id,
+                                       "--partitions-per-gpu", "2", "--max-tokens", "2048",
+                                       "--multi-turn", "regenerate-turns", "--no-progress",
+                                       *args), env, tmp_path).start()
+    assert produced.wait(300) == 0, produced.tail()
+
+
+def sink_service(env: dict[str, str], tmp_path: Path, run_id: str) -> Service:
+    return Service("sink", cli("sink", "--run", run_id, "--instance", "s0", "--until-done",
+                               "--batch-size", "50", "--max-batch-age", "1",
+                               "--session-timeout", "6"), env, tmp_path)
+
+
 def count(settings: Any, topic: str) -> int:
     return len(read_all(settings.bootstrap_servers, topic))
 
 
 def test_conversations_survive_kills_between_and_during_turns(settings, services, run_id,
                                                               tmp_path) -> None:
-    boto3.client("s3", endpoint_url=settings.s3_endpoint_url,
-                 region_name="us-east-1").create_bucket(Bucket=settings.s3_bucket)
-    env = {**os.environ, "TOKENMILL_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "TOKENMILL_S3_ENDPOINT_URL": settings.s3_endpoint_url,
-           "TOKENMILL_S3_BUCKET": settings.s3_bucket, "TOKENMILL_LOG_FORMAT": "json",
-           "TOKENMILL_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env = stack_env(settings, tmp_path)
     dataset = tmp_path / "chats.jsonl"
     shape = write_conversations(dataset, CONVERSATIONS)
-    produced = Service("producer", cli("produce", str(dataset), "--run", run_id, "--gpus", "3",
-                                       "--partitions-per-gpu", "2", "--max-tokens", "2048",
-                                       "--multi-turn", "regenerate-turns", "--no-progress"),
-                       env, tmp_path).start()
-    assert produced.wait(300) == 0, produced.tail()
+    produce(env, tmp_path, dataset, run_id, "--gpus", "3")
 
     request_log = tmp_path / "requests.jsonl"
     # ~0.1-0.5 s per request: kills catch requests in flight.
@@ -114,9 +129,7 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
 
     # w0 dies inside its 3rd commit (records flushed, not committed): between turns.
     workers = [worker(0, "transaction.committing:3"), worker(1), worker(2)]
-    sink = Service("sink", cli("sink", "--run", run_id, "--instance", "s0", "--until-done",
-                               "--batch-size", "50", "--max-batch-age", "1",
-                               "--session-timeout", "6"), env, tmp_path)
+    sink = sink_service(env, tmp_path, run_id)
     turns_topic = f"tokenmill.{run_id}.turns"
     completions_topic = f"tokenmill.{run_id}.completions"
     try:
