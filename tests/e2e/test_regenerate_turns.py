@@ -25,9 +25,10 @@ from typing import Any
 import boto3
 import msgspec
 import pytest
+from confluent_kafka import Producer
 
-from schemas import Conversation, decode_completion
-from schemas.turn import decode_turn
+from schemas import Conversation, Message, PromptRecord, Step, decode_completion
+from schemas.turn import TurnRecord, decode_turn
 from tests.e2e.test_pipeline import Service, cli, s3_keys
 from tests.kafka_helpers import read_all
 from tokenmill.conversation import transcript, user_turns
@@ -211,3 +212,43 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
     print(f"kills: w0 in a commit at turns/completions {at_kill0}, w1 and the sink at "
           f"{at_kill1}; {len(requested)} steps, {redone} requests redone after kills; "
           f"{len(lines)} conversations in S3, {len(dlq)} dead-lettered")
+
+
+def test_malformed_turn_records_are_dead_lettered_and_the_run_goes_on(settings, services, run_id,
+                                                                      tmp_path) -> None:
+    env = stack_env(settings, tmp_path)
+    dataset = tmp_path / "chats.jsonl"
+    write_conversations(dataset, 12)
+    produce(env, tmp_path, dataset, run_id, "--gpus", "1")
+    turns_topic = f"tokenmill.{run_id}.turns"
+    prompt = PromptRecord(id="x", run=run_id, messages=(Message(role="user", content="hi"),),
+                          source="s", format="openai", category="plain")
+    foreign = TurnRecord(id="x", run="other-run", settings_hash="h", prompt=prompt,
+                         steps=(Step(turn=0, finish_reason="stop"),), next_turn=0)
+    hostile = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    for value in (b"not json", msgspec.json.encode(foreign), None):
+        hostile.produce(turns_topic, value=value, partition=0)
+    assert hostile.flush(30) == 0
+    simulator = SimulatorProcess(SimulatorConfig(time_scale=1000, prefill_rate=0,
+                                                 length_median=200, length_max=600),
+                                 port=free_port())
+    url = simulator.start()
+    worker = Service("worker", cli("consume", "--run", run_id, "--sglang-url", url,
+                                   "--instance", "w0", "--until-done", "--concurrency", "8",
+                                   "--commit-interval", "0.3"), env, tmp_path)
+    sink = sink_service(env, tmp_path, run_id)
+    try:
+        worker.start()
+        sink.start()
+        assert worker.wait(300) == 0, worker.tail()
+        assert sink.wait(300) == 0, sink.tail()
+    finally:
+        worker.stop()
+        sink.stop()
+        simulator.terminate()
+    dlq = read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.dlq")
+    invalid = [json.loads(r.value) for r in dlq
+               if dict(r.headers)["tokenmill.dlq.reason"] == b"invalid"]
+    assert len(invalid) == 3
+    assert {d["record"]["raw"]["topic"] for d in invalid} == {turns_topic}
+    assert len(s3_lines(settings)) + len(dlq) - 3 == 12
