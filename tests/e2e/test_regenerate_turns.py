@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -136,12 +137,6 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
     try:
         for service in (*workers, sink):
             service.start()
-        assert workers[0].wait(240) == 137, workers[0].tail()
-        assert "fault injection: killed" in workers[0].log.read_text()
-        at_kill0 = count(settings, turns_topic), count(settings, completions_topic)
-        assert at_kill0[1] < CONVERSATIONS, at_kill0
-        workers[0] = worker(0)
-        workers[0].start()
         # During turns: w1 killed with requests in flight, once conversations
         # are under way and some are finished, and the sink after an upload.
         deadline = time.monotonic() + 240
@@ -154,6 +149,12 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
         assert at_kill1[1] < CONVERSATIONS, at_kill1
         workers[1].start()
         sink.start()
+        assert workers[0].wait(240) == 137, workers[0].tail()
+        assert "fault injection: killed" in workers[0].log.read_text()
+        at_kill0 = count(settings, turns_topic), count(settings, completions_topic)
+        assert at_kill0[1] < CONVERSATIONS, at_kill0
+        workers[0] = worker(0)
+        workers[0].start()
         for service in workers:
             assert service.wait(400) == 0, service.tail()
         assert sink.wait(300) == 0, sink.tail()
@@ -209,6 +210,13 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
         assert line["kind"] == "conversation"
         assert len(line["steps"]) == len(by_id[line["id"]].steps)
         assert [m["role"] for m in line["messages"]].count("assistant") == len(line["steps"])
+    # status counts the same turns and conversations from committed counters.
+    status = subprocess.run(cli("status", "--run", run_id, "--json"), env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert json.loads(status.stdout)["conversations"] == {
+        "turns": len(requested), "finished": CONVERSATIONS, "failed": 0, "in_progress": 0,
+        "not_started": 0}
     print(f"kills: w0 in a commit at turns/completions {at_kill0}, w1 and the sink at "
           f"{at_kill1}; {len(requested)} steps, {redone} requests redone after kills; "
           f"{len(lines)} conversations in S3, {len(dlq)} dead-lettered")
