@@ -75,14 +75,18 @@ def tool_rounds(steps: tuple[Step, ...], turn: int) -> int:
 def dataset_answerer(prompt: PromptRecord,
                      hook: Callable[[ToolCall, PromptRecord], str | None] | None = None
                      ) -> Answerer:
-    """The hook first (when the run names one), then the dataset's record."""
-    recorded = recorded_results(prompt.messages)
+    """The hook first (when the run names one), then the dataset's record
+    (gathered at the first call: most steps call no tool)."""
+    recorded: list[tuple[str, object, str]] | None = None
 
     def answer(call: ToolCall) -> str | None:
+        nonlocal recorded
         if hook is not None:
             result = hook(call, prompt)
             if result is not None:
                 return result
+        if recorded is None:
+            recorded = recorded_results(prompt.messages)
         return dataset_answer(call, recorded)
     return answer
 

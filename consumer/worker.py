@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
@@ -66,12 +67,6 @@ log = get_logger("tokenmill.consumer")
 
 Drop = Literal["revoked", "lost", "moved", "shutdown"]
 Key = tuple[str, int]  # (input topic, partition)
-
-
-def partition_label(state: PartitionState) -> str:
-    """A metric label: the partition, prefixed for a regenerate-turns run's turns."""
-    return str(state.partition) if state.topic.endswith(".prompts") else \
-        f"{state.topic.rsplit('.', 1)[-1]}-{state.partition}"
 
 
 class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -223,7 +218,7 @@ class Worker:
                 parked.parked_until = None
                 self.states[p] = parked
                 tp.offset = parked.next_fetch() or tp.offset
-                resumed.append(p)
+                resumed.append(self._label(p))
                 continue
             if parked is not None:
                 self._drop_state(parked, "moved")
@@ -231,8 +226,8 @@ class Worker:
                                             start_offset=committed.get(p), topic=tp.topic)
         self.metrics.assigned.set(len(self.states))
         log.info("partitions assigned", slot=slot.name,
-                 partitions=sorted((tp.topic, tp.partition) for tp in partitions), resumed=resumed,
-                 owned=sorted(self.states))
+                 partitions=self._labels((tp.topic, tp.partition) for tp in partitions),
+                 resumed=resumed, owned=self._labels(self.states))
 
     def _on_revoke(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         revoked = {(tp.topic, tp.partition) for tp in partitions}
@@ -248,8 +243,8 @@ class Worker:
             else:
                 self._drop_state(state, "revoked")
         self.metrics.assigned.set(len(self.states))
-        log.info("partitions revoked", slot=slot.name, partitions=sorted(revoked),
-                 owned=sorted(self.states))
+        log.info("partitions revoked", slot=slot.name, partitions=self._labels(revoked),
+                 owned=self._labels(self.states))
 
     def _on_lost(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         lost = {(tp.topic, tp.partition) for tp in partitions}
@@ -259,7 +254,16 @@ class Worker:
                 self._drop_state(state, "lost")
         self.metrics.assigned.set(len(self.states))
         log.warning("partitions lost; their uncommitted work is dropped", slot=slot.name,
-                    partitions=sorted(lost))
+                    partitions=self._labels(lost))
+
+    def _label(self, key: Key) -> int | str:
+        """How logs and metric labels name an input partition: its number for
+        the prompts (as always), `turns-<n>` for a regenerate-turns run's turns."""
+        topic, partition = key
+        return partition if topic == self.prompts_topic else f"turns-{partition}"
+
+    def _labels(self, keys: Iterable[Key]) -> list[int | str]:
+        return [self._label(k) for k in sorted(keys)]
 
     def _drop_state(self, state: PartitionState, reason: Drop) -> None:
         wasted = state.unfinished()
@@ -457,7 +461,7 @@ class Worker:
             state.watermark.take(len(records))
             state.retries = 0
             state.committed = next_offset
-            self.metrics.committed_offset.labels(partition_label(state)).set(next_offset)
+            self.metrics.committed_offset.labels(str(self._label(state.key))).set(next_offset)
         self._progress = new_progress
         self._recent.add(now, *totals)
         self._last_committed = time.monotonic()
@@ -486,7 +490,7 @@ class Worker:
                           error=str(exc))
                 continue
             if high is not None and high >= 0:
-                self.metrics.lag.labels(partition_label(state)).set(max(0, high - committed))
+                self.metrics.lag.labels(str(self._label(state.key))).set(max(0, high - committed))
         self.metrics.waiting.set(waiting)
 
     def _observe(self, records: list[Output]) -> None:
@@ -544,7 +548,10 @@ class Worker:
                     for name in list(self._members.slots):
                         self._members.rejoin(name)
                 continue
-            if self.config.fleet_balancing:
+            # The fleet view sees the prompts topic only: with a regenerate-turns
+            # run's turns it would close slots as "no work left" while turns
+            # flow, so such runs keep one slot and the group's assignor.
+            if self.config.fleet_balancing and self.turns_topic is None:
                 workers = frozenset(view.workers())
                 settled = workers == self._last_workers
                 self._last_workers = workers

@@ -7,7 +7,6 @@ schema violations are dead-lettered as `invalid_tool_call`."""
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,8 @@ from typing import Any
 import pytest
 
 from schemas import Conversation, decode_completion
-from tests.e2e.test_pipeline import Service
-from tests.e2e.test_regenerate_turns import produce, s3_lines, sink_service, stack_env
+from tests.dataset.test_lineage_e2e import generate
+from tests.e2e.test_regenerate_turns import produce, s3_lines, stack_env
 from tests.kafka_helpers import read_all
 from tokenmill.devstack.processes import free_port
 from tokenmill.simulator import SimulatorConfig
@@ -61,19 +60,9 @@ def run(settings: Any, run_id: str, tmp_path: Path, sim: SimulatorConfig, *produ
     produce(env, tmp_path, dataset, run_id, "--gpus", "1", *produce_args)
     simulator = SimulatorProcess(sim, port=free_port())
     url = simulator.start()
-    worker = Service("worker", [sys.executable, "-m", "tokenmill.cli", "consume", "--run", run_id,
-                                "--sglang-url", url, "--instance", "w0", "--until-done",
-                                "--concurrency", "32", "--commit-interval", "0.3"],
-                     env, tmp_path)
-    sink = sink_service(env, tmp_path, run_id)
     try:
-        worker.start()
-        sink.start()
-        assert worker.wait(300) == 0, worker.tail()
-        assert sink.wait(300) == 0, sink.tail()
+        generate(env, tmp_path, run_id, url)
     finally:
-        worker.stop()
-        sink.stop()
         simulator.terminate()
     records = [decode_completion(r.value) for r in
                read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.completions")]

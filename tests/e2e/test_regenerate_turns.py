@@ -30,6 +30,7 @@ from confluent_kafka import Producer
 
 from schemas import Conversation, Message, PromptRecord, Step, decode_completion
 from schemas.turn import TurnRecord, decode_turn
+from tests.dataset.test_lineage_e2e import generate
 from tests.e2e.test_pipeline import Service, cli, s3_keys
 from tests.kafka_helpers import read_all
 from tokenmill.conversation import transcript, user_turns
@@ -241,18 +242,9 @@ def test_malformed_turn_records_are_dead_lettered_and_the_run_goes_on(settings, 
                                                  length_median=200, length_max=600),
                                  port=free_port())
     url = simulator.start()
-    worker = Service("worker", cli("consume", "--run", run_id, "--sglang-url", url,
-                                   "--instance", "w0", "--until-done", "--concurrency", "8",
-                                   "--commit-interval", "0.3"), env, tmp_path)
-    sink = sink_service(env, tmp_path, run_id)
     try:
-        worker.start()
-        sink.start()
-        assert worker.wait(300) == 0, worker.tail()
-        assert sink.wait(300) == 0, sink.tail()
+        generate(env, tmp_path, run_id, url)
     finally:
-        worker.stop()
-        sink.stop()
         simulator.terminate()
     dlq = read_all(settings.bootstrap_servers, f"tokenmill.{run_id}.dlq")
     invalid = [json.loads(r.value) for r in dlq
