@@ -4,11 +4,12 @@ delay, next to single-turn completions/s in the same run (target: at least
 next turn is visible only once committed), so enough conversations must be
 in flight to keep the worker busy while their next turns wait.
 
-Both sides are timed the same way: wall clock from the launch of
+Both sides run `--repeat` times, alternating (the figure: each side's median
+run). Both are timed the same way: wall clock from the launch of
 `tokenmill consume` to the commit whose progress counters count the last
 result (results and counters commit in one transaction), polled every 50 ms.
 
-    python bench/bench_turns.py [--prompts 20000] [--conversations 5000] [--turns 4]
+    python bench/bench_turns.py [--prompts 20000] [--conversations 5000] [--turns 4] [--repeat 3]
                                 [--out bench/results/turns.json]
 """
 
@@ -60,12 +61,26 @@ def measured(settings: Settings, n: int, turns: int, work: Path) -> tuple[Side, 
     return side, committed_turns
 
 
+def median_side(sides: list[Side], work: int) -> Side:
+    """The run with the median rate (`work`: results each run committed)."""
+    return sorted(sides, key=lambda side: work / side.wall_s)[len(sides) // 2]
+
+
 def bench_turns(settings: Settings, prompts: int, conversations: int, turns: int,
-                work: Path) -> Figure:
-    single, _ = measured(settings, prompts, 1, work)
-    multi, committed_turns = measured(settings, conversations, turns, work)
-    if committed_turns != conversations * turns:
-        raise RuntimeError(f"{committed_turns} turns committed, {conversations * turns} wanted")
+                repeat: int, work: Path) -> Figure:
+    """Single-turn and regenerate-turns runs alternate, `repeat` times each
+    (the machine is shared: one pair alone swung 0.6-1.5); the figure is
+    each side's median run."""
+    singles, multis = [], []
+    for _ in range(repeat):
+        singles.append(measured(settings, prompts, 1, work)[0])
+        multi, committed_turns = measured(settings, conversations, turns, work)
+        if committed_turns != conversations * turns:
+            raise RuntimeError(f"{committed_turns} turns committed, "
+                               f"{conversations * turns} wanted")
+        multis.append(multi)
+    committed_turns = conversations * turns
+    single, multi = median_side(singles, prompts), median_side(multis, committed_turns)
     rate, base_rate = committed_turns / multi.wall_s, prompts / single.wall_s
     return Figure(
         name=f"regenerate-turns, zero delay, one worker, {conversations:,} conversations x "
@@ -78,6 +93,8 @@ def bench_turns(settings: Settings, prompts: int, conversations: int, turns: int
         tokenmill_cpu_s=round(multi.cpu_s, 1), baseline_cpu_s=round(single.cpu_s, 1),
         details={"partitions": PARTITIONS, "concurrency": CONCURRENCY,
                  "worker_flags": " ".join(WORKER_FLAGS), "turns": committed_turns,
+                 "runs_turns_per_s": [round(committed_turns / m.wall_s) for m in multis],
+                 "runs_completions_per_s": [round(prompts / x.wall_s) for x in singles],
                  **({"notes": multi.notes + single.notes} if multi.notes or single.notes
                     else {})})
 
@@ -88,13 +105,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20_000, help="single-turn prompts")
     parser.add_argument("--conversations", type=int, default=5_000)
     parser.add_argument("--turns", type=int, default=4, help="user turns per conversation")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each side (medians)")
     parser.add_argument("--out", type=Path, default=None, help="write the raw results (JSON)")
     args = parser.parse_args()
     log.configure("warning", "console")
     recorder = Recorder("bench_turns")
     work = Path(tempfile.mkdtemp(prefix="bench-turns-"))
     with bench_settings() as settings:
-        figures = [bench_turns(settings, args.prompts, args.conversations, args.turns, work)]
+        figures = [bench_turns(settings, args.prompts, args.conversations, args.turns, args.repeat,
+                               work)]
     recorder.write(args.out, figures)
     console.print(console_table("tokenmill regenerate-turns benchmark (wall clock)", figures))
     console.print(f"logs: {work}" + (f"; raw results: {args.out}" if args.out else ""))

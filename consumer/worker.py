@@ -46,7 +46,7 @@ from consumer.health import HealthGate
 from consumer.membership import Membership, MembershipConfig, Slot
 from consumer.metrics import ConsumerMetrics
 from consumer.partitions import Input, Output, PartitionState, can_resume
-from consumer.tool_results import load_hook
+from tokenmill.tool_results import load_hook
 from consumer.turns import advance, dataset_answerer, position_of
 from consumer.pause import PausePolicy
 from consumer.recent_rate import RecentRate

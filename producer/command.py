@@ -29,10 +29,11 @@ from tokenmill.forecast.estimate import PlanMismatch, input_differences, run_est
 from tokenmill.forecast.table import forecast
 from tokenmill.kafka_clients import wait_for_broker
 from tokenmill.settings import Settings, writable_state_dir
+from tokenmill.tool_results import HookUnavailable, load_hook
 
 DEFAULT_GPU_HOUR_COST = 4.5
 
-register_known_error(ProducerError)
+register_known_error(ProducerError, HookUnavailable)
 
 
 def parse_dlq_reasons(value: str | None) -> QAPolicy:
@@ -150,6 +151,8 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
     if tool_results is not None and multi_turn != "regenerate-turns":
         raise click.UsageError("--tool-results answers the tool calls of --multi-turn "
                                "regenerate-turns runs only")
+    if tool_results is not None:
+        load_hook(tool_results)  # a typo fails here, not on every worker later
     writable_state_dir(settings, "producer", run_id)
     resolve_inputs(list(files))  # a missing file fails before any wait
     if not dry_run:

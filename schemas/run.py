@@ -122,7 +122,7 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prompts_topic: str | None = None
     origin: Origin = Origin()
     # `regenerate-turns`: a `module:function` that answers tool calls before
-    # the dataset's recorded results are looked at (consumer/tool_results.py).
+    # the dataset's recorded results are looked at (tokenmill/tool_results.py).
     tool_results: str | None = None
     v: int = 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,7 +18,9 @@ from schemas import Completion, Conversation, Failure, FunctionCall, Message, Pr
     RunSpec, ToolCall
 from schemas.progress import ConsumerProgress
 from schemas.turn import TurnRecord
+from tests.e2e.tool_hooks import answer as hook
 from tokenmill.conversation import final_transcript, transcript
+from tokenmill.tool_results import HookUnavailable, load_hook
 
 SPEC = RunSpec(run_id="r", partitions=1, multi_turn="regenerate-turns")
 WEATHER = {"type": "function", "function": {
@@ -215,3 +218,10 @@ def test_property_matching_ignores_key_order_and_spacing(arguments: dict) -> Non
 
 def test_position_of_a_prompt_starts_at_turn_zero() -> None:
     assert position_of(conversation(2)) == Position(conversation(2))
+
+
+def test_the_tool_results_hook_is_loaded_by_name() -> None:
+    assert load_hook("tests.e2e.tool_hooks:answer") is hook
+    for bad in ("tests.e2e.tool_hooks", "no_such_module:f", "tests.e2e.tool_hooks:missing"):
+        with pytest.raises(HookUnavailable):
+            load_hook(bad)
