@@ -326,7 +326,8 @@ class Worker:
         found: Input | str = (check_turn(message.value(), self.spec) if topic == self.turns_topic
                               else check_prompt(message.value(), self._topic_owner))
         if isinstance(found, str):
-            log.warning("invalid input record; dead-lettered", topic=topic, partition=partition,
+            what = "turn" if topic == self.turns_topic else "prompt"
+            log.warning(f"invalid {what} record; dead-lettered", partition=partition,
                         offset=offset, problem=found)
             state.watermark.finish(offset, invalid_record(
                 self.spec, topic=topic, partition=partition, offset=offset,
