@@ -24,9 +24,18 @@ import msgspec
 from confluent_kafka import TopicPartition
 
 from bench.services import ROOT, child_env, tokenmill_argv
-from bench.timing import CommittedReached, DeliveredEnds, Launched, wait_until
+from bench.timing import CommittedReached, DeliveredEnds, Launched, ProgressReached, wait_until
 from consumer.sglang_client import request_body
-from schemas import GenerationSettings, Message, PromptRecord, RunSpec, decode_completion
+from schemas import (
+    Completion,
+    CompletionRecord,
+    Conversation,
+    GenerationSettings,
+    Message,
+    PromptRecord,
+    RunSpec,
+    decode_completion,
+)
 from schemas.progress import ProducerCheckpoint, producer_key
 from tokenmill import kafka_clients, topics
 from tokenmill.registry import RunRegistry
@@ -50,27 +59,38 @@ class BenchRun:
     ends: dict[int, int]  # prompts partition -> last offset + 1
 
 
-def prompts_for(run_id: str, n: int) -> list[PromptRecord]:
+def prompts_for(run_id: str, n: int, turns: int = 1) -> list[PromptRecord]:
+    """n prompts; with `turns` > 1, conversations of that many user turns
+    (with the dataset's answers, which a regenerate-turns run never sends)."""
+    def messages(i: int) -> tuple[Message, ...]:
+        out: list[Message] = []
+        for t in range(turns):
+            out.append(Message(role="user", content=f"Benchmark question {i}.{t}?"))
+            if turns > 1:
+                out.append(Message(role="assistant", content=f"Dataset answer {i}.{t}."))
+        return tuple(out)
     return [PromptRecord(id=f"{run_id}-{i}", run=run_id, source="bench", format="plain",
-                         category="plain", seq=i,
-                         messages=(Message(role="user", content=f"Benchmark question {i}?"),))
+                         category="plain" if turns == 1 else "multi-turn", seq=i,
+                         messages=messages(i))
             for i in range(n)]
 
 
 def setup_run(settings: Settings, n: int, partitions: int, max_tokens: int,
-              gpus: int | None = None) -> BenchRun:
+              gpus: int | None = None, turns: int = 1) -> BenchRun:
     """A run with n prompts published and the producer marked done (as
-    `produce --gpus` would plan it when `gpus` is given)."""
+    `produce --gpus` would plan it when `gpus` is given); with `turns` > 1 a
+    regenerate-turns run of n conversations."""
     run_id = f"bench{uuid.uuid4().hex[:8]}"
     spec = RunSpec(run_id=run_id, partitions=partitions, gpus=gpus,
-                   generation=GenerationSettings(model="sim", max_tokens=max_tokens))
+                   generation=GenerationSettings(model="sim", max_tokens=max_tokens),
+                   multi_turn="regenerate-turns" if turns > 1 else "last-user")
     RunRegistry(settings).create_run(spec)
     ends = DeliveredEnds()
     producer = kafka_clients.transactional_producer(settings, f"bench.{run_id}",
                                                     {"linger.ms": 20})
     producer.init_transactions(30)
     producer.begin_transaction()
-    for prompt in prompts_for(run_id, n):
+    for prompt in prompts_for(run_id, n, turns):
         producer.produce(topics.prompts_topic(run_id), key=prompt.id.encode(),
                          value=msgspec.json.encode(prompt), partition=prompt.seq % partitions,
                          on_delivery=ends)
@@ -115,16 +135,20 @@ def consume_argv(run_id: str, url: str, instance: str, *flags: str) -> list[str]
 
 
 def tokenmill_side(settings: Settings, run: BenchRun, urls: list[str], work: Path,
-                   *flags: str, timeout_s: float = 1800) -> Side:
+                   *flags: str, timeout_s: float = 1800, by_progress: bool = False) -> Side:
     """One `tokenmill consume` per server, launched together; timed to the
-    group's last commit, then left to exit by themselves (--until-done)."""
+    group's last commit (`by_progress`: to the commit whose counters count
+    the last result, for runs whose inputs grow, regenerate-turns), then
+    left to exit by themselves (--until-done)."""
     run_id = run.spec.run_id
     env = child_env(settings)
     procs = [Launched(consume_argv(run_id, url, f"w{i}", *flags), env=env,
                       log=work / f"{run_id}-w{i}.log", cwd=ROOT)
              for i, url in enumerate(urls)]
-    committed = CommittedReached(settings, topics.generate_group(run_id),
-                                 topics.prompts_topic(run_id), run.ends)
+    committed: CommittedReached | ProgressReached = (
+        ProgressReached(settings, run_id) if by_progress else
+        CommittedReached(settings, topics.generate_group(run_id), topics.prompts_topic(run_id),
+                         run.ends))
     try:
         done_at = wait_until(committed, procs, timeout_s, "commit of every prompt")
         exits = [p.wait_or_kill(EXIT_AFTER_DONE_S) for p in procs]
@@ -148,6 +172,12 @@ def tokenmill_side(settings: Settings, run: BenchRun, urls: list[str], work: Pat
                 notes)
 
 
+def completion_tokens(record: CompletionRecord) -> int:
+    if isinstance(record, Conversation):
+        return sum(step.usage.completion_tokens for step in record.steps)
+    return record.usage.completion_tokens if isinstance(record, Completion) else 0
+
+
 def committed_results(settings: Settings, run_id: str) -> tuple[int, int]:
     """(committed completions, their completion tokens), read_committed."""
     consumer = kafka_clients.consumer(settings, f"bench-read-{uuid.uuid4().hex[:6]}",
@@ -162,6 +192,6 @@ def committed_results(settings: Settings, run_id: str) -> tuple[int, int]:
                 remaining.discard(m.partition())
                 continue
             count += 1
-            tokens += decode_completion(m.value()).usage.completion_tokens  # type: ignore[union-attr]
+            tokens += completion_tokens(decode_completion(m.value()))
     consumer.close()
     return count, tokens

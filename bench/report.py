@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 from bench.figures import Figure, Results, cpu_cell, read
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
-ORDER = ("bench_simulator", "bench_producer", "bench_consumer", "bench_fleet", "bench_sink")
+ORDER = ("bench_simulator", "bench_producer", "bench_consumer", "bench_turns", "bench_fleet",
+         "bench_sink")
 HEADER = ("| benchmark | tokenmill (wall clock) | baseline, same run (wall clock) | ratio "
           "| target | met | CPU-s tokenmill / baseline | method |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- |")

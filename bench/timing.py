@@ -16,7 +16,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from tokenmill import kafka_clients
+from tokenmill import kafka_clients, progress
 from tokenmill.settings import Settings
 
 POLL_S = 0.05
@@ -138,6 +138,25 @@ class CommittedReached:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class ProgressReached:
+    """A check: do the run's committed counters (written in the same
+    transaction as the results) count a result for every published prompt?
+    For regenerate-turns runs, whose turns topic grows while they run."""
+
+    def __init__(self, settings: Settings, run_id: str) -> None:
+        self.settings = settings
+        self.run_id = run_id
+
+    def __call__(self) -> bool:
+        try:
+            return progress.try_read_run_progress(self.settings, self.run_id).generation_done
+        except progress.ProgressUnavailable:
+            return False
+
+    def close(self) -> None:
+        """Nothing held between checks."""
 
 
 class DeliveredEnds:

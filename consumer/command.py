@@ -19,9 +19,10 @@ from tokenmill.commandline import exit_now, finish_now, register_known_error, se
 from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings, http_url_problem
+from tokenmill.tool_results import HookUnavailable
 from tokenmill.transactions import KafkaFatal
 
-register_known_error(FatalWorkerError, KafkaFatal)
+register_known_error(FatalWorkerError, KafkaFatal, HookUnavailable)
 
 # The worker's group members are "<instance>#<n>" (consumer/fleet.py).
 INSTANCE_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,100}$")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
-from schemas import Completion, Failure
-from schemas.completion import CompletionRecord
+from schemas import Completion, Conversation, Failure, Step
+from schemas.completion import CompletionRecord, SpecStats, Usage
 from schemas.progress import ConsumerProgress
+from schemas.turn import TurnRecord
 
 
 def _bump(counts: dict[str, int], key: str) -> dict[str, int]:
@@ -20,11 +22,41 @@ def _bump(counts: dict[str, int], key: str) -> dict[str, int]:
     return out
 
 
-def add_records(progress: ConsumerProgress, records: Iterable[CompletionRecord],
+def _add_usage(p: dict[str, Any], usage: Usage, spec: SpecStats, latency_s: float) -> None:
+    p["prompt_tokens"] += usage.prompt_tokens
+    p["completion_tokens"] += usage.completion_tokens
+    p["reasoning_tokens"] += usage.reasoning_tokens
+    p["cached_tokens"] += usage.cached_tokens
+    p["latency_s_total"] += latency_s
+    if spec.accept_length is not None and usage.completion_tokens:
+        p["spec_accept_weighted"] += spec.accept_length * usage.completion_tokens
+        p["spec_tokens"] += usage.completion_tokens
+
+
+def _add_step(p: dict[str, Any], step: Step) -> None:
+    """A generated step of a regenerate-turns conversation: a turn, its tokens."""
+    p["turns"] += 1
+    _add_usage(p, step.usage, step.spec, step.latency_s)
+
+
+def add_records(progress: ConsumerProgress, records: Iterable[CompletionRecord | TurnRecord],
                 retries: int = 0, now: float | None = None) -> ConsumerProgress:
     """New counters after committing `records` (pure: returns a new value)."""
     p = msgspec.structs.asdict(progress)
     for record in records:
+        if isinstance(record, TurnRecord):
+            _add_step(p, record.steps[-1])
+            p["turns_pending"] += 1 if len(record.steps) == 1 else 0
+            continue
+        if isinstance(record, Conversation):
+            _add_step(p, record.steps[-1])
+            p["turns_pending"] -= 1 if len(record.steps) > 1 else 0
+            p["completions"] += 1
+            p["by_category"] = _bump(p["by_category"], record.prompt.category)
+            p["finish_reasons"] = _bump(p["finish_reasons"], record.steps[-1].finish_reason)
+            continue
+        if isinstance(record, Failure) and record.step:
+            p["turns_pending"] -= 1  # a conversation that had a turn record out
         if isinstance(record, Failure) and record.failure == "invalid":
             p["invalid"] += 1  # not a published prompt: not generated
             continue
@@ -37,15 +69,7 @@ def add_records(progress: ConsumerProgress, records: Iterable[CompletionRecord],
         assert isinstance(record, Completion)
         p["completions"] += 1
         p["finish_reasons"] = _bump(p["finish_reasons"], record.finish_reason)
-        usage = record.usage
-        p["prompt_tokens"] += usage.prompt_tokens
-        p["completion_tokens"] += usage.completion_tokens
-        p["reasoning_tokens"] += usage.reasoning_tokens
-        p["cached_tokens"] += usage.cached_tokens
-        p["latency_s_total"] += record.latency_s
-        if record.spec.accept_length is not None and usage.completion_tokens:
-            p["spec_accept_weighted"] += record.spec.accept_length * usage.completion_tokens
-            p["spec_tokens"] += usage.completion_tokens
+        _add_usage(p, record.usage, record.spec, record.latency_s)
     p["retries"] += retries
     p["updated_at"] = time.time() if now is None else now
     return ConsumerProgress(**p)

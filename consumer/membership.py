@@ -42,8 +42,9 @@ class Slot:
     consumer: Consumer
     partitions: set[int] = field(default_factory=set)
 
-    def group_offsets(self, topic: str, offsets: dict[int, int]) -> GroupOffsets:
-        return GroupOffsets([TopicPartition(topic, p, o) for p, o in sorted(offsets.items())],
+    def group_offsets(self, offsets: dict[tuple[str, int], int]) -> GroupOffsets:
+        """Next offsets by (topic, partition), sent with this member's metadata."""
+        return GroupOffsets([TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
                             self.consumer.consumer_group_metadata)
 
 
@@ -56,17 +57,18 @@ class MembershipConfig:
 
 
 class Membership:
-    """Parameters: `settings`, `group`, `topic`, `worker` (name), `config`,
+    """Parameters: `settings`, `group`, `topics` (the inputs: the prompts, and
+    a `regenerate-turns` run's turns), `worker` (name), `config`,
     `on_assign` / `on_revoke` / `on_lost` (called with the slot), `want_paused`
     (the worker's current wish), `watchdog`."""
 
-    def __init__(self, *, settings: Settings, group: str, topic: str, worker: str,
+    def __init__(self, *, settings: Settings, group: str, topics: tuple[str, ...], worker: str,
                  config: MembershipConfig, on_assign: Callback, on_revoke: Callback,
                  on_lost: Callback, want_paused: Callable[[], bool],
                  watchdog: Watchdog | None = None) -> None:
         self.settings = settings
         self.group = group
-        self.topic = topic
+        self.topics = topics
         self.worker = worker
         self.config = config
         self._on_assign = on_assign
@@ -120,7 +122,7 @@ class Membership:
             self.close(name)
 
     def _subscribe(self, slot: Slot) -> None:
-        slot.consumer.subscribe([self.topic],
+        slot.consumer.subscribe(list(self.topics),
                                 on_assign=lambda c, ps: self._assigned(slot, ps),
                                 on_revoke=lambda c, ps: self._revoked(slot, ps),
                                 on_lost=lambda c, ps: self._lost(slot, ps))
@@ -166,11 +168,13 @@ class Membership:
 
     # -- offsets -----------------------------------------------------------------
 
-    def committed(self, slot: Slot, partitions: list[int]) -> dict[int, int | None]:
-        tps = [TopicPartition(self.topic, p) for p in partitions]
+    def committed(self, slot: Slot, partitions: list[TopicPartition]
+                  ) -> dict[tuple[str, int], int | None]:
+        tps = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         found = self._guarded("reading committed offsets", lambda: slot.consumer.committed(
             tps, timeout=max(5.0, self.settings.connect_timeout_s)))
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
+                for tp in found}
 
     # -- callbacks (inside consume()/close(), on the loop thread) ---------------
 

@@ -18,6 +18,13 @@ from dataclasses import dataclass, field
 from consumer.watermark import Watermark
 from schemas import PromptRecord
 from schemas.completion import CompletionRecord
+from schemas.turn import TurnRecord
+
+
+# What a worker reads: a prompt, or (`regenerate-turns`) a conversation
+# between two turns; and what it commits for one: a result, or the next turn.
+Input = PromptRecord | TurnRecord
+Output = CompletionRecord | TurnRecord
 
 
 @dataclass
@@ -25,13 +32,18 @@ class PartitionState:
     partition: int
     slot: str  # the member (client id) that owns it
     start_offset: int | None = None  # committed offset when it was assigned (None: unknown)
-    watermark: Watermark[CompletionRecord] = field(default_factory=Watermark)
-    queue: deque[tuple[int, PromptRecord]] = field(default_factory=deque)
+    watermark: Watermark[Output] = field(default_factory=Watermark)
+    queue: deque[tuple[int, Input]] = field(default_factory=deque)
     tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     retries: int = 0  # retries of results not committed yet
     committed: int | None = None  # the input offset this worker last committed
     last_fetched: int | None = None
     parked_until: float | None = None  # monotonic deadline while parked
+    topic: str = ""  # the input topic (the prompts, or a regenerate-turns run's turns)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
 
     @property
     def parked(self) -> bool:

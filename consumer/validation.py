@@ -10,12 +10,17 @@ committed like any other, so one poison record never stops a run.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 
 from schemas import Failure, PromptRecord, RunSpec
 from schemas.raw import capture
+from schemas.turn import TurnRecord
+from tokenmill.conversation import user_turns
 
 _decoder = msgspec.json.Decoder(PromptRecord)
+T = TypeVar("T")
 
 
 def topic_run(topic: str) -> str:
@@ -23,14 +28,21 @@ def topic_run(topic: str) -> str:
     return topic.split(".")[1] if topic.count(".") >= 2 else topic
 
 
+def decoded(decoder: msgspec.json.Decoder[T], value: bytes | None, what: str) -> T | str:
+    """The record, or why it is not one (`what`: "prompt", "turn")."""
+    if value is None:
+        return f"null value (a tombstone) in the {what}s topic"
+    try:
+        return decoder.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"not a {what} record: {exc}"
+
+
 def check_prompt(value: bytes | None, owner: str) -> PromptRecord | str:
     """The prompt, or what is wrong with the record."""
-    if value is None:
-        return "null value (a tombstone) in the prompts topic"
-    try:
-        prompt = _decoder.decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return f"not a prompt record: {exc}"
+    prompt = decoded(_decoder, value, "prompt")
+    if isinstance(prompt, str):
+        return prompt
     if prompt.run != owner:
         return f"a prompt of run {prompt.run!r} in the prompts topic of run {owner!r}"
     if not prompt.messages:
@@ -50,3 +62,26 @@ def invalid_record(spec: RunSpec, *, topic: str, partition: int, offset: int,
     return Failure(id=record_id, run=spec.run_id, settings_hash=spec.settings_hash,
                    prompt=placeholder, failure="invalid", error=problem[:2000],
                    instance=instance, raw=capture(topic, partition, offset, key, value))
+
+
+_turn_decoder = msgspec.json.Decoder(TurnRecord)
+
+
+def check_turn(value: bytes | None, spec: RunSpec) -> TurnRecord | str:
+    """A conversation between two turns of this run, or what is wrong with it."""
+    record = decoded(_turn_decoder, value, "turn")
+    if isinstance(record, str):
+        return record
+    if record.run != spec.run_id:
+        return f"a turn record of run {record.run!r} in the turns topic of run {spec.run_id!r}"
+    if record.settings_hash != spec.settings_hash:
+        return (f"a turn record made with settings {record.settings_hash}, the run's are "
+                f"{spec.settings_hash}")
+    users = user_turns(record.prompt.messages)
+    turns = [s.turn for s in record.steps]
+    if not record.steps or not 0 <= record.next_turn < users:
+        return f"a turn record with no steps or next turn {record.next_turn} of {users}"
+    if turns != sorted(turns) or turns[0] != 0 or turns[-1] > record.next_turn or \
+            any(b - a > 1 for a, b in zip(turns, turns[1:])) or record.next_turn - turns[-1] > 1:
+        return f"a turn record whose steps answer turns {turns} before turn {record.next_turn}"
+    return record

@@ -16,6 +16,12 @@ share of the run follows its measured capacity.
 
 Crash-only: every blocking Kafka call is bounded by the watchdog; a fenced
 or fatal client ends the process with one line and exit code 1.
+
+`regenerate-turns` runs: the worker also reads `tokenmill.<run>.turns` (same
+group). Each input is one step of a conversation (consumer/turns.py); what
+the step commits, in the same transaction as its input offset, is the next
+turn (to `.turns`) or the finished conversation (to `.completions`), so each
+step is generated once and any worker can take the next one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
@@ -39,13 +46,16 @@ from consumer.generation import Generator, Outcome, ServerRefuses
 from consumer.health import HealthGate
 from consumer.membership import Membership, MembershipConfig, Slot
 from consumer.metrics import ConsumerMetrics
-from consumer.partitions import PartitionState, can_resume
+from consumer.partitions import Input, Output, PartitionState, can_resume
+from tokenmill.tool_results import load_hook
+from consumer.turns import advance, dataset_answerer, position_of
 from consumer.pause import PausePolicy
 from consumer.recent_rate import RecentRate
 from consumer.sglang_client import SGLangClient
-from consumer.validation import check_prompt, invalid_record, topic_run
-from schemas import Failure, PromptRecord, RunSpec
-from schemas.completion import CompletionRecord, encode_record
+from consumer.validation import check_prompt, check_turn, invalid_record, topic_run
+from schemas import Conversation, Failure, RunSpec
+from schemas.completion import encode_record
+from schemas.turn import TurnRecord
 from schemas.progress import ConsumerProgress, ServerSnapshot, consumer_key, decode_progress
 from tokenmill import groups, kafka_clients, progress, topics
 from tokenmill.log import get_logger
@@ -57,6 +67,7 @@ from tokenmill.watchdog import Watchdog
 log = get_logger("tokenmill.consumer")
 
 Drop = Literal["revoked", "lost", "moved", "shutdown"]
+Key = tuple[str, int]  # (input topic, partition)
 
 
 class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,11 +120,17 @@ class Worker:
         self.prompts_topic = source_prompts_topic(spec)
         self._topic_owner = topic_run(self.prompts_topic)
         self.completions_topic = topics.completions_topic(spec.run_id)
+        # regenerate-turns: conversations between turns, read and written here.
+        self.turns_topic = (topics.turns_topic(spec.run_id)
+                            if spec.multi_turn == "regenerate-turns" else None)
+        self.input_topics = (self.prompts_topic,) + ((self.turns_topic,) if self.turns_topic else ())
+        self._tool_hook = load_hook(spec.tool_results) if spec.tool_results else None
         self.group = topics.generate_group(spec.run_id)
         self.progress_key = consumer_key(spec.run_id, config.instance)
         self.metrics = ConsumerMetrics()
-        self.states: dict[int, PartitionState] = {}
-        self.parked: dict[int, PartitionState] = {}
+        # By (input topic, partition).
+        self.states: dict[Key, PartitionState] = {}
+        self.parked: dict[Key, PartitionState] = {}
         self.limit = config.concurrency or config.initial_concurrency
         self.stopping = False
         self.exit_code = 0
@@ -178,7 +195,7 @@ class Worker:
             groups.set_session_timeout(kafka_clients.admin(settings), self.group,
                                        config.session_timeout_s, settings.connect_timeout_s)
         self._members = Membership(
-            settings=settings, group=self.group, topic=self.prompts_topic,
+            settings=settings, group=self.group, topics=self.input_topics,
             worker=config.instance,
             config=MembershipConfig(
                 protocol=config.group_protocol, session_timeout_s=config.session_timeout_s,
@@ -186,7 +203,9 @@ class Worker:
             on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
             want_paused=lambda: self._members is not None and self._members.paused,
             watchdog=self.watchdog)
-        balanced = config.group_protocol == "consumer" and config.fleet_balancing
+        # Fleet balancing counts the prompts topic only: off for turn runs.
+        balanced = (config.group_protocol == "consumer" and config.fleet_balancing
+                    and self.turns_topic is None)
         for _ in range(initial_slots(self.spec.partitions, self.spec.gpus) if balanced else 1):
             self._members.open()
 
@@ -195,28 +214,29 @@ class Worker:
 
     def _on_assign(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         assert self._members is not None
-        committed = self._members.committed(slot, [tp.partition for tp in partitions])
+        committed = self._members.committed(slot, partitions)
         resumed = []
         for tp in partitions:
-            p = tp.partition
+            p = (tp.topic, tp.partition)
             parked = self.parked.pop(p, None)
             if parked is not None and can_resume(parked, committed.get(p)):
                 parked.slot = slot.name
                 parked.parked_until = None
                 self.states[p] = parked
                 tp.offset = parked.next_fetch() or tp.offset
-                resumed.append(p)
+                resumed.append(self._label(p))
                 continue
             if parked is not None:
                 self._drop_state(parked, "moved")
-            self.states[p] = PartitionState(p, slot.name, start_offset=committed.get(p))
+            self.states[p] = PartitionState(tp.partition, slot.name,
+                                            start_offset=committed.get(p), topic=tp.topic)
         self.metrics.assigned.set(len(self.states))
         log.info("partitions assigned", slot=slot.name,
-                 partitions=sorted(tp.partition for tp in partitions), resumed=resumed,
-                 owned=sorted(self.states))
+                 partitions=self._labels((tp.topic, tp.partition) for tp in partitions),
+                 resumed=resumed, owned=self._labels(self.states))
 
     def _on_revoke(self, slot: Slot, partitions: list[TopicPartition]) -> None:
-        revoked = {tp.partition for tp in partitions}
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
         self._commit(only=revoked)
         park = not self.stopping and self.fatal is None
         for p in revoked:
@@ -229,18 +249,27 @@ class Worker:
             else:
                 self._drop_state(state, "revoked")
         self.metrics.assigned.set(len(self.states))
-        log.info("partitions revoked", slot=slot.name, partitions=sorted(revoked),
-                 owned=sorted(self.states))
+        log.info("partitions revoked", slot=slot.name, partitions=self._labels(revoked),
+                 owned=self._labels(self.states))
 
     def _on_lost(self, slot: Slot, partitions: list[TopicPartition]) -> None:
-        lost = {tp.partition for tp in partitions}
+        lost = {(tp.topic, tp.partition) for tp in partitions}
         for p in lost:
             state = self.states.pop(p, None)
             if state is not None:
                 self._drop_state(state, "lost")
         self.metrics.assigned.set(len(self.states))
         log.warning("partitions lost; their uncommitted work is dropped", slot=slot.name,
-                    partitions=sorted(lost))
+                    partitions=self._labels(lost))
+
+    def _label(self, key: Key) -> int | str:
+        """How logs and metric labels name an input partition: its number for
+        the prompts (as always), `turns-<n>` for a regenerate-turns run's turns."""
+        topic, partition = key
+        return partition if topic == self.prompts_topic else f"turns-{partition}"
+
+    def _labels(self, keys: Iterable[Key]) -> list[int | str]:
+        return [self._label(k) for k in sorted(keys)]
 
     def _drop_state(self, state: PartitionState, reason: Drop) -> None:
         wasted = state.unfinished()
@@ -291,7 +320,8 @@ class Worker:
 
     def _accept(self, message: Message) -> None:
         partition = message.partition() or 0
-        state = self.states.get(partition)
+        topic = message.topic() or self.prompts_topic
+        state = self.states.get((topic, partition))
         if state is None:  # a late message of a partition we no longer own
             return
         offset = message.offset() or 0
@@ -299,12 +329,14 @@ class Worker:
             return  # already have it (a resumed partition's refetch)
         state.watermark.track(offset)
         state.last_fetched = offset
-        found = check_prompt(message.value(), self._topic_owner)
+        found: Input | str = (check_turn(message.value(), self.spec) if topic == self.turns_topic
+                              else check_prompt(message.value(), self._topic_owner))
         if isinstance(found, str):
-            log.warning("invalid prompt record; dead-lettered", partition=partition,
+            what = "turn" if topic == self.turns_topic else "prompt"
+            log.warning(f"invalid {what} record; dead-lettered", partition=partition,
                         offset=offset, problem=found)
             state.watermark.finish(offset, invalid_record(
-                self.spec, topic=self.prompts_topic, partition=partition, offset=offset,
+                self.spec, topic=topic, partition=partition, offset=offset,
                 key=message.key(), value=message.value(), problem=found,
                 instance=self.config.instance))
             self._wake.set()
@@ -331,21 +363,27 @@ class Worker:
                 break
         self.metrics.in_flight.set(in_flight)
 
-    async def _generate(self, state: PartitionState, offset: int, prompt: PromptRecord) -> None:
+    async def _generate(self, state: PartitionState, offset: int, item: Input) -> None:
         assert self._generator is not None
+        at = position_of(item) if self.turns_topic else None
         try:
-            outcome: Outcome = await self._generator.generate(prompt)
+            outcome: Outcome = await self._generator.generate(
+                at.request() if at is not None else item)  # type: ignore[arg-type]
         except asyncio.CancelledError:
             return  # revoked, lost or moved: the state was dropped already
         except ServerRefuses as exc:
             self._fail_fatally(FatalWorkerError(str(exc)))
             return
-        p = state.partition
+        p = state.key
         if self.states.get(p) is not state and self.parked.get(p) is not state:
             return  # dropped while finishing
         state.tasks.pop(offset, None)
         state.retries += outcome.retries
-        state.watermark.finish(offset, outcome.record)
+        record: Output = outcome.record
+        if at is not None:
+            assert not isinstance(record, Conversation)
+            record = advance(at, record, dataset_answerer(at.prompt, self._tool_hook))
+        state.watermark.finish(offset, record)
         self._wake.set()
 
     def _observe_latency(self, seconds: float) -> None:
@@ -377,7 +415,7 @@ class Worker:
         self._last_commit = time.monotonic()
         if self.fatal is not None:
             return 0
-        ready: list[tuple[PartitionState, list[CompletionRecord], int]] = []
+        ready: list[tuple[PartitionState, list[Output], int]] = []
         for p, state in self.states.items():
             if only is not None and p not in only:
                 continue
@@ -388,9 +426,9 @@ class Worker:
                      or self._final_commit)
         if not ready and (only is not None or not heartbeat):
             return 0
-        by_slot: dict[str, dict[int, int]] = {}
+        by_slot: dict[str, dict[Key, int]] = {}
         for state, _, next_offset in ready:
-            by_slot.setdefault(state.slot, {})[state.partition] = next_offset
+            by_slot.setdefault(state.slot, {})[state.key] = next_offset
         slots = self._members.slots
         all_records = [r for _, records, _ in ready for r in records]
         now = time.time()
@@ -409,11 +447,13 @@ class Worker:
         started = time.monotonic()
         try:
             with self._txns.transaction(lambda: [
-                    slots[name].group_offsets(self.prompts_topic, offsets)
+                    slots[name].group_offsets(offsets)
                     for name, offsets in by_slot.items() if name in slots]) as txn:
                 for state, records, _ in ready:
                     for record in records:
-                        txn.produce(self.completions_topic, encode_record(record),
+                        topic = (self.turns_topic if isinstance(record, TurnRecord)
+                                 else self.completions_topic)
+                        txn.produce(topic, encode_record(record),  # type: ignore[arg-type]
                                     key=record.id.encode(), partition=state.partition)
                 txn.produce(topics.progress_topic(self.run_id), msgspec.json.encode(new_progress),
                             key=self.progress_key.encode())
@@ -430,7 +470,7 @@ class Worker:
             state.watermark.take(len(records))
             state.retries = 0
             state.committed = next_offset
-            self.metrics.committed_offset.labels(str(state.partition)).set(next_offset)
+            self.metrics.committed_offset.labels(str(self._label(state.key))).set(next_offset)
         self._progress = new_progress
         self._recent.add(now, *totals)
         self._last_committed = time.monotonic()
@@ -453,19 +493,21 @@ class Worker:
                 continue
             try:
                 _low, high = slot.consumer.get_watermark_offsets(
-                    TopicPartition(self.prompts_topic, p), cached=True)
+                    TopicPartition(state.topic, state.partition), cached=True)
             except Exception as exc:  # noqa: BLE001 - a metric must never stop the worker
                 log.debug("lag of a partition unknown; gauge not updated", partition=p,
                           error=str(exc))
                 continue
             if high is not None and high >= 0:
-                self.metrics.lag.labels(str(p)).set(max(0, high - committed))
+                self.metrics.lag.labels(str(self._label(state.key))).set(max(0, high - committed))
         self.metrics.waiting.set(waiting)
 
-    def _observe(self, records: list[CompletionRecord]) -> None:
+    def _observe(self, records: list[Output]) -> None:
         accept_sum = 0.0
         accept_n = 0
         for record in records:
+            if isinstance(record, (TurnRecord, Conversation)):
+                continue  # counted as turns in the progress record
             if isinstance(record, Failure):
                 self.metrics.failures.labels(record.failure).inc()
                 continue
@@ -515,7 +557,10 @@ class Worker:
                     for name in list(self._members.slots):
                         self._members.rejoin(name)
                 continue
-            if self.config.fleet_balancing:
+            # The fleet view sees the prompts topic only: with a regenerate-turns
+            # run's turns it would close slots as "no work left" while turns
+            # flow, so such runs keep one slot and the group's assignor.
+            if self.config.fleet_balancing and self.turns_topic is None:
                 workers = frozenset(view.workers())
                 settled = workers == self._last_workers
                 self._last_workers = workers

@@ -60,7 +60,7 @@ def redrive_spec(parent: RunSpec, run_id: str, generation: dict[str, Any],
         generation=msgspec.structs.replace(parent.generation, **generation),
         multi_turn=parent.multi_turn, qa=parent.qa, s3=parent.s3, parent_run=parent.run_id,
         estimate=parent.estimate, origin=Origin(kind="redrive", reasons=reasons),
-        gpus=parent.gpus)
+        gpus=parent.gpus, tool_results=parent.tool_results)
 
 
 def parse_reasons(value: str) -> tuple[str, ...]:

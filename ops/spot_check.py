@@ -23,7 +23,7 @@ from ops.spot_filter import CATEGORIES, REASONS, Filters, matches
 from ops.spot_sample import Picked, pick, read_sample
 from ops.spot_summary import render, summarize
 from ops.verbatim import excerpt
-from schemas import Completion, Failure, RunSpec
+from schemas import Completion, Conversation, Failure, RunSpec
 from tokenmill.commandline import service_command
 from tokenmill.flag_types import RUN_ID
 from tokenmill.registry import RunRegistry
@@ -74,6 +74,16 @@ def record_table(picked: Picked, destination: Text, width: int) -> Table:
         if record.raw is not None:
             table.add_row(Text("record as read"), Text(excerpt(_raw_text(record.raw.value),
                                                                width)))
+    elif isinstance(record, Conversation):
+        for index, step in enumerate(record.steps):
+            calls = "; ".join(f"{c.function.name}({c.function.arguments})"
+                              for c in step.tool_calls or ())
+            said = excerpt(step.content, width) + (f"  [tool calls: {excerpt(calls, width)}]"
+                                                   if calls else "")
+            table.add_row(Text(f"step {index} (turn {step.turn})"),
+                          Text(f"{said}  ({step.finish_reason}, "
+                               f"{step.usage.completion_tokens} tokens)"))
+        table.add_row(Text("outcome"), Text(record.outcome))
     else:
         assert isinstance(record, Completion)
         table.add_row(Text("reasoning"), Text(excerpt(record.reasoning_content, width)))

@@ -164,7 +164,18 @@ def summarize(spec: RunSpec, state: RunProgress, now: float | None = None,
         "generation_done": state.generation_done,
         "sink_done": state.sink_done,
         "health": health,
+        "conversations": conversation_counts(state) if spec.multi_turn == "regenerate-turns"
+        else None,
     }
+
+
+def conversation_counts(state: RunProgress) -> dict[str, int]:
+    finished = int(state.consumer_total("completions"))
+    failed = int(state.consumer_total("failures"))
+    in_progress = int(state.consumer_total("turns_pending"))
+    return {"turns": int(state.consumer_total("turns")), "finished": finished, "failed": failed,
+            "in_progress": in_progress,
+            "not_started": max(0, state.published - finished - failed - in_progress)}
 
 
 def render(spec: RunSpec, s: dict[str, Any]) -> Group:
@@ -183,6 +194,14 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
     stages.add_row("generated", f"{s['generated']:,}", f"{s['published']:,}",
                    _pct(s["generated"], total),
                    f"{s['completions']:,} completions, {s['failures']:,} failures")
+    conversations = s.get("conversations")
+    if conversations:
+        stages.add_row("conversations", f"{conversations['finished'] + conversations['failed']:,}",
+                       f"{s['published']:,}", _pct(conversations["finished"]
+                                                   + conversations["failed"], total),
+                       f"{conversations['turns']:,} turns generated, "
+                       f"{conversations['in_progress']:,} in progress, "
+                       f"{conversations['failed']:,} failed (dead-lettered)")
     stages.add_row("persisted", f"{s['persisted']:,}", f"{s['generated']:,}",
                    _pct(s["persisted"], total),
                    f"{s['s3_records']:,} in S3, {s['dlq_records']:,} in DLQ")

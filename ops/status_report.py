@@ -71,6 +71,19 @@ class GroupView(msgspec.Struct, frozen=True):
     unowned: dict[str, float]  # partition -> seconds seen unowned (under --watch)
 
 
+class Conversations(msgspec.Struct, frozen=True, kw_only=True):
+    """`regenerate-turns` runs: turns generated, and where conversations are.
+    `finished` and `failed` are committed by the workers (`failed` are
+    dead-lettered by the sink with the failing step; a finished one may be
+    too, by the QA policy); `in_progress` have a next-turn record out."""
+
+    turns: int
+    finished: int
+    failed: int
+    in_progress: int
+    not_started: int
+
+
 class StatusReport(msgspec.Struct, frozen=True, kw_only=True):
     schema_version: int = SCHEMA_VERSION
     run: str
@@ -123,6 +136,7 @@ class StatusReport(msgspec.Struct, frozen=True, kw_only=True):
     health: Health
     group: GroupView | None = None
     lineage: dict[str, Any] | None = None
+    conversations: Conversations | None = None
 
 
 def to_report(summary: dict[str, Any]) -> StatusReport:

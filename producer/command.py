@@ -4,6 +4,7 @@ producer/pipeline.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import click
 import msgspec
@@ -17,6 +18,7 @@ from schemas.run import (
     DLQ_REASONS,
     Estimate,
     GenerationSettings,
+    MultiTurnPolicy,
     QAPolicy,
     RunSpec,
     S3Destination,
@@ -27,10 +29,11 @@ from tokenmill.forecast.estimate import PlanMismatch, input_differences, run_est
 from tokenmill.forecast.table import forecast
 from tokenmill.kafka_clients import wait_for_broker
 from tokenmill.settings import Settings, writable_state_dir
+from tokenmill.tool_results import HookUnavailable, load_hook
 
 DEFAULT_GPU_HOUR_COST = 4.5
 
-register_known_error(ProducerError)
+register_known_error(ProducerError, HookUnavailable)
 
 
 def parse_dlq_reasons(value: str | None) -> QAPolicy:
@@ -51,8 +54,13 @@ def parse_dlq_reasons(value: str | None) -> QAPolicy:
               help="GPUs (consumers) the run is sized for.")
 @click.option("--partitions-per-gpu", type=click.IntRange(min=1), default=4, show_default=True,
               help="Partitions per GPU: headroom to add or move consumers.")
-@click.option("--multi-turn", type=click.Choice(["last-user", "strip-assistant", "per-user-turn"]),
-              default="last-user", show_default=True, help="What a conversation becomes.")
+@click.option("--multi-turn", type=click.Choice(list(get_args(MultiTurnPolicy))),
+              default="last-user", show_default=True,
+              help="What a conversation becomes (regenerate-turns: the model answers every "
+                   "user turn in order, continuing through tool calls).")
+@click.option("--tool-results", "tool_results", default=None, metavar="MODULE:FUNCTION",
+              help="regenerate-turns: a function answering generated tool calls before the "
+                   "dataset's recorded results (stored in the run spec).")
 @click.option("--tools", "tool_mode", type=click.Choice(["structured", "as-given"]),
               default="structured", show_default=True,
               help="Tool specs as the request's `tools` field, or left in the system prompt.")
@@ -97,7 +105,7 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
             max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
             thinking: bool, estimate_rps: float | None, estimate_output_tokens: float | None,
             plan_path: Path | None, gpu_hour_cost: float | None, dlq_reasons: str | None,
-            parent_run: str | None, s3_compression: str,
+            parent_run: str | None, s3_compression: str, tool_results: str | None,
             rejects_path: Path | None, strict: bool, dry_run: bool, transaction_records: int,
             show_progress: bool | None) -> None:
     """Normalize prompt files and publish them to a new run, exactly once.
@@ -140,7 +148,12 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
                    generation=generation,
                    multi_turn=multi_turn,  # type: ignore[arg-type]
                    qa=parse_dlq_reasons(dlq_reasons), s3=s3, parent_run=parent_run,
-                   estimate=estimate)
+                   estimate=estimate, tool_results=tool_results)
+    if tool_results is not None and multi_turn != "regenerate-turns":
+        raise click.UsageError("--tool-results answers the tool calls of --multi-turn "
+                               "regenerate-turns runs only")
+    if tool_results is not None:
+        load_hook(tool_results)  # a typo fails here, not on every worker later
     writable_state_dir(settings, "producer", run_id)
     resolve_inputs(list(files))  # a missing file fails before any wait
     if not dry_run:

@@ -10,6 +10,11 @@ producer keeps context up to a user turn; the model generates what follows.
   (what the seed run did; tool results go with the assistant turns).
 - `per-user-turn`: one prompt per user turn, each with all the context before
   it (assistant turns and tool results included); `turn` is the user-turn index.
+- `regenerate-turns`: one prompt holding the whole dataset conversation; the
+  workers send its system prompt and user turns one at a time, each with the
+  model's own earlier answers (consumer/turns.py), and splice in the
+  dataset's tool results where the model makes the same call. Its assistant
+  turns are never sent.
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ def apply_policy(conversation: Normalized, policy: MultiTurnPolicy) -> list[Prom
         if not content or content.isspace():
             raise Reject("empty-prompt", "the last user turn is empty")
         return [_new(Prompt, (kept, None, cat, count))]
+    elif policy == "regenerate-turns":
+        prompts = [_new(Prompt, (messages, None,
+                                 category(has_tools, first_tool < len(messages), len(users),
+                                          first_system < last), len(users)))]
+        for turn, pos in enumerate(users):
+            content = messages[pos].content
+            if not content or content.isspace():
+                raise Reject("empty-prompt", f"user turn {turn} is empty")
+        return prompts
     elif policy == "per-user-turn":
         prompts = [_new(Prompt, (messages[: pos + 1], turn,
                                  category(has_tools, first_tool < pos, turn + 1,

@@ -1,5 +1,6 @@
 """What the consumer commits to `tokenmill.<run>.completions`: one record per
-published prompt, either a `Completion` or a `Failure` (tagged by `kind`).
+published prompt, a `Completion`, a `Failure` or (`regenerate-turns` runs) a
+`Conversation` (tagged by `kind`).
 
 Each embeds its prompt, so the sink can write self-contained training samples
 without a join. A prompts-topic record that is not a valid prompt of the run
@@ -13,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from schemas.messages import ToolCall
+from schemas.messages import Message, ToolCall
 from schemas.prompt import PromptRecord
 from schemas.raw import RawRecord
 
@@ -53,8 +54,50 @@ class Completion(msgspec.Struct, frozen=True, tag="completion", tag_field="kind"
     v: int = 1
 
 
+class Step(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One generated assistant message of a `regenerate-turns` conversation.
+
+    `turn` is the user turn it answers (0-based); a turn that calls tools has
+    several steps. `tool_results` are the tool messages spliced in after it."""
+
+    turn: int
+    finish_reason: str
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_results: tuple[Message, ...] = ()
+    matched_stop: int | str | None = None
+    usage: Usage = Usage()
+    spec: SpecStats = SpecStats()
+    latency_s: float = 0.0
+    attempts: int = 1
+    instance: str = ""
+    model: str = ""
+
+
+# How a conversation ended: every user turn answered, or a tool call the
+# dataset (and the --tool-results hook) could not answer, or the tool-call
+# round limit of one user turn reached.
+ConversationOutcome = Literal["finished", "tool_unresolved", "tool_limit"]
+
+
+class Conversation(msgspec.Struct, frozen=True, tag="conversation", tag_field="kind"):
+    """A finished `regenerate-turns` conversation: every step the model
+    generated, in order. `prompt.messages` is the dataset conversation the
+    user turns and tool results were taken from (its assistant turns were
+    never sent)."""
+
+    id: str
+    run: str
+    settings_hash: str
+    prompt: PromptRecord
+    steps: tuple[Step, ...]
+    outcome: ConversationOutcome = "finished"
+    v: int = 1
+
+
 FailureKind = Literal["prompt_too_long", "bad_request", "server_error", "timeout", "abort",
-                      "invalid_response", "invalid"]
+                      "invalid_response", "invalid", "invalid_tool_call", "tool_hook_error"]
 
 
 class Failure(msgspec.Struct, frozen=True, tag="failure", tag_field="kind"):
@@ -69,10 +112,14 @@ class Failure(msgspec.Struct, frozen=True, tag="failure", tag_field="kind"):
     instance: str = ""
     latency_s: float = 0.0
     raw: RawRecord | None = None  # kind "invalid": the prompts-topic record as read
+    # A conversation (`regenerate-turns`) that failed at request `step`: the
+    # steps generated before it, so the dead letter shows where it stopped.
+    step: int | None = None
+    steps: tuple[Step, ...] = ()
     v: int = 1
 
 
-CompletionRecord = Completion | Failure
+CompletionRecord = Completion | Failure | Conversation
 
 _decoder = msgspec.json.Decoder(CompletionRecord)
 _encoder = msgspec.json.Encoder()

@@ -19,7 +19,8 @@ from schemas.dlq import DeadLetter
 from schemas.plan import Plan
 from schemas.prompt import PromptRecord
 from schemas.run import RunSpec
-from schemas.sample import TrainingSample
+from schemas.sample import ConversationSample, TrainingSample
+from schemas.turn import TurnRecord
 
 SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 
@@ -29,6 +30,8 @@ RECORDS: dict[str, Any] = {
     "completion": CompletionRecord,
     "dead-letter": DeadLetter,
     "training-sample": TrainingSample,
+    "conversation-sample": ConversationSample,
+    "turn": TurnRecord,
     "progress": Progress,
     "plan": Plan,
 }

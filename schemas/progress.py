@@ -83,6 +83,10 @@ class ConsumerProgress(msgspec.Struct, frozen=True, tag="consumer", tag_field="k
     recent_requests_per_s: float = 0.0
     recent_tokens_per_s: float = 0.0
     recent_window_s: float = 0.0
+    # `regenerate-turns`: generated steps committed (each conversation's
+    # last step included) and conversations still going (a turn record out).
+    turns: int = 0
+    turns_pending: int = 0
     v: int = 1
 
 

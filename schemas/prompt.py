@@ -12,6 +12,10 @@ Category = Literal["plain", "multi-turn", "tools", "system-prompt"]
 
 
 class PromptRecord(msgspec.Struct, frozen=True):
+    """`messages` is what the model sees, except in `regenerate-turns` runs:
+    there it is the dataset conversation whose user turns (and tool results)
+    the worker feeds in one by one; its assistant turns are never sent."""
+
     id: str
     run: str
     messages: tuple[Message, ...]

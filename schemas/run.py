@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-MultiTurnPolicy = Literal["last-user", "strip-assistant", "per-user-turn"]
+MultiTurnPolicy = Literal["last-user", "strip-assistant", "per-user-turn", "regenerate-turns"]
 ToolMode = Literal["structured", "as-given"]
 RunKind = Literal["produce", "replay", "redrive"]
 
@@ -125,6 +125,9 @@ class RunSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # partitions / gpus group members, its share of an equal fleet, so the
     # fleet's first assignment is already one partition per member.
     gpus: int | None = None
+    # `regenerate-turns`: a `module:function` that answers tool calls before
+    # the dataset's recorded results are looked at (tokenmill/tool_results.py).
+    tool_results: str | None = None
     v: int = 1
 
     def __post_init__(self) -> None:

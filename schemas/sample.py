@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.completion import SpecStats, Usage
+from schemas.completion import ConversationOutcome, SpecStats, Step, Usage
 from schemas.messages import Message, Tool, ToolCall
 
 
@@ -28,4 +28,24 @@ class TrainingSample(msgspec.Struct, frozen=True):
     spec: SpecStats = SpecStats()
     tools: tuple[Tool, ...] | None = None
     model: str = ""
+    v: int = 1
+
+
+class ConversationSample(msgspec.Struct, frozen=True):
+    """One line of a `regenerate-turns` run: the whole conversation as the
+    model saw and wrote it (`messages`: system, user turns, its own answers,
+    tool results), and each generated step with its reasoning, usage, finish
+    reason and spec stats."""
+
+    id: str
+    run: str
+    settings_hash: str
+    messages: tuple[Message, ...]
+    steps: tuple[Step, ...]
+    outcome: ConversationOutcome
+    source: str
+    category: str
+    tools: tuple[Tool, ...] | None = None
+    model: str = ""
+    kind: str = "conversation"
     v: int = 1

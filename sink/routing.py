@@ -8,14 +8,19 @@ such records go to S3 anyway.
 A `Failure` has no generated turn and cannot be a training sample: it always
 goes to the DLQ as `failed`, whatever the policy says; a failure of kind
 `invalid` (the worker found a prompts-topic record that is not a prompt of
-the run) goes there as `invalid`.
+the run) goes there as `invalid`, and one of kind `invalid_tool_call` (a
+regenerate-turns step called a tool wrongly) as `invalid_tool_call`.
+
+A `Conversation` (regenerate-turns) is checked step by step; the first step
+with a reason the policy lists sends the whole conversation to the DLQ, the
+detail naming the step and its user turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas import Completion, CompletionRecord, Failure, RunSpec
+from schemas import Completion, CompletionRecord, Conversation, Failure, RunSpec, Step
 from sink.samples import CompletionView, raw_text_present
 
 # Highest priority first: the detail of a record that is both length-capped
@@ -47,6 +52,11 @@ def _clip(text: str) -> str:
 def facts_of(record: Completion) -> Facts:
     return Facts(record.finish_reason, record.content, not _blank(record.reasoning_content),
                  bool(record.tool_calls), record.usage.completion_tokens)
+
+
+def step_facts(step: Step) -> Facts:
+    return Facts(step.finish_reason, step.content, not _blank(step.reasoning_content),
+                 bool(step.tool_calls), step.usage.completion_tokens)
 
 
 def view_facts(view: CompletionView) -> Facts:
@@ -85,12 +95,27 @@ def dlq_reason(record: CompletionRecord | CompletionView, spec: RunSpec) -> tupl
     """(reason, detail) if the record goes to the DLQ under the run's policy,
     else None (it goes to S3)."""
     if isinstance(record, Failure):
-        if record.failure == "invalid":
-            return "invalid", _clip(record.error)
-        return "failed", failure_detail(record)
+        where = f"step {record.step}: " if record.step is not None else ""
+        if record.failure in ("invalid", "invalid_tool_call"):
+            return record.failure, _clip(where + record.error)
+        return "failed", _clip(where + failure_detail(record))
+    if isinstance(record, Conversation):
+        return conversation_reason(record, spec)
     facts = view_facts(record) if isinstance(record, CompletionView) else facts_of(record)
-    policy = spec.qa.dlq_reasons
-    for reason, detail in reasons(facts, spec):
-        if reason in policy:
+    return first_listed(reasons(facts, spec), spec)
+
+
+def first_listed(found: list[tuple[str, str]], spec: RunSpec) -> tuple[str, str] | None:
+    for reason, detail in found:
+        if reason in spec.qa.dlq_reasons:
             return reason, detail
+    return None
+
+
+def conversation_reason(record: Conversation, spec: RunSpec) -> tuple[str, str] | None:
+    """The first step that would be dead-lettered on its own decides."""
+    for index, step in enumerate(record.steps):
+        found = first_listed(reasons(step_facts(step), spec), spec)
+        if found is not None:
+            return found[0], _clip(f"step {index} (user turn {step.turn}): {found[1]}")
     return None

@@ -21,10 +21,11 @@ import re
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from schemas import Completion, Failure, TrainingSample
+from schemas import Completion, Conversation, Failure, TrainingSample
 from schemas.completion import SpecStats, Usage
 from schemas.messages import ToolCall
-from schemas.sample import GeneratedTurn
+from schemas.sample import ConversationSample, GeneratedTurn
+from tokenmill.conversation import final_transcript
 
 _encoder = msgspec.json.Encoder()
 NULL = b"null"
@@ -55,7 +56,16 @@ def to_sample(record: Completion) -> TrainingSample:
     )
 
 
-def encode_line(sample: TrainingSample) -> bytes:
+def conversation_sample(record: Conversation) -> ConversationSample:
+    prompt = record.prompt
+    return ConversationSample(
+        id=record.id, run=record.run, settings_hash=record.settings_hash,
+        messages=final_transcript(prompt.messages, record.steps), steps=record.steps,
+        outcome=record.outcome, source=prompt.source, category=prompt.category,
+        tools=prompt.tools, model=record.steps[-1].model if record.steps else "")
+
+
+def encode_line(sample: TrainingSample | ConversationSample) -> bytes:
     """One JSONL line, newline included."""
     return _encoder.encode(sample) + b"\n"
 
@@ -100,10 +110,10 @@ class CompletionView(msgspec.Struct, frozen=True, gc=False, tag="completion",
     model: str = ""
 
 
-_view_decoder = msgspec.json.Decoder(CompletionView | Failure)
+_view_decoder = msgspec.json.Decoder(CompletionView | Failure | Conversation)
 
 
-def decode_view(raw: bytes) -> CompletionView | Failure:
+def decode_view(raw: bytes) -> CompletionView | Failure | Conversation:
     return _view_decoder.decode(raw)
 
 

@@ -42,7 +42,7 @@ import msgspec
 from botocore.exceptions import BotoCoreError, ClientError
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from schemas import RunSpec, SinkProgress
+from schemas import Conversation, RunSpec, SinkProgress
 from schemas.progress import sink_key
 from schemas.raw import capture
 from sink import counters, dlq, object_keys, objects, routing, samples
@@ -355,7 +355,9 @@ class SinkService:
                 run=self.config.run, detail=str(exc)))
             return
         route = routing.dlq_reason(record, self.spec)
-        if route is None:
+        if route is None and isinstance(record, Conversation):
+            writer.add(offset, line=samples.encode_line(samples.conversation_sample(record)))
+        elif route is None:
             assert isinstance(record, samples.CompletionView)
             writer.add(offset, line=self._lines.line(record))
         else:

@@ -114,6 +114,8 @@ class RunRegistry:
         }
         if spec.prompts_topic is None:
             wanted[topics.prompts_topic(spec.run_id)] = spec.partitions
+        if spec.multi_turn == "regenerate-turns":
+            wanted[topics.turns_topic(spec.run_id)] = spec.partitions
         admin = kafka_clients.admin(self._settings)
         kafka_clients.ensure_topics(admin, wanted, topics.RUN_TOPIC_CONFIG)
         kafka_clients.ensure_topics(admin, {topics.progress_topic(spec.run_id): 1},

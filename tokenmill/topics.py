@@ -21,6 +21,12 @@ def dlq_topic(run_id: str) -> str:
     return f"tokenmill.{run_id}.dlq"
 
 
+def turns_topic(run_id: str) -> str:
+    """`regenerate-turns` runs: conversations between two turns, consumed by
+    the workers alongside the prompts (same group, same partition count)."""
+    return f"tokenmill.{run_id}.turns"
+
+
 def progress_topic(run_id: str) -> str:
     """Exact per-instance counters, written inside each service's transactions.
     One per run, so an open transaction of one run's crashed worker never

@@ -71,7 +71,7 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
 @click.option("--model", default="default", show_default=True, help="Model name for requests.")
 @click.option("--thinking/--no-thinking", default=True, show_default=True,
               help="Ask for the model's reasoning (as the run will).")
-@click.option("--multi-turn", type=click.Choice(["last-user", "strip-assistant", "per-user-turn"]),
+@click.option("--multi-turn", type=click.Choice(["last-user", "strip-assistant", "per-user-turn", "regenerate-turns"]),
               default="last-user", show_default=True, help="As for produce.")
 @click.option("--tools", "tool_mode", type=click.Choice(["structured", "as-given"]),
               default="structured", show_default=True, help="As for produce.")

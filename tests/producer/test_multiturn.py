@@ -85,3 +85,17 @@ def test_category(messages, tools, tool_text, expected) -> None:
     assert category_of(messages, tools, tool_text) == expected
     prompts = apply_policy(from_messages(messages, tools, tool_text), "last-user")
     assert prompts[0].category == expected
+
+
+def test_regenerate_turns_keeps_the_whole_conversation_as_one_prompt() -> None:
+    """The workers feed its user turns in one at a time; the dataset's tool
+    results stay for them to splice in."""
+    assert policy(CONVERSATION, "regenerate-turns") == [
+        Prompt(CONVERSATION, None, "tools", 3)]
+    assert policy((U1, A1, U2, A2), "regenerate-turns") == [
+        Prompt((U1, A1, U2, A2), None, "multi-turn", 2)]
+
+
+def test_regenerate_turns_rejects_any_empty_user_turn() -> None:
+    with pytest.raises(Reject, match="user turn 1 is empty"):
+        policy((U1, A1, Message(role="user", content=" "), A2), "regenerate-turns")

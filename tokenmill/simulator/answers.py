@@ -95,6 +95,23 @@ def wants_tool_call(config: SimulatorConfig, tool_choice: Any, u: float) -> bool
     return u < config.tool_call_rate
 
 
+def bad_tool_call(config: SimulatorConfig, u: float, name: str, args: dict[str, Any],
+                  params: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
+    """(function name, arguments, arguments text cut short?) after the bad
+    tool call faults: a malformed call, an unknown function, or a required
+    argument left out."""
+    malformed = config.malformed_tool_call_rate
+    unknown = malformed + config.unknown_tool_call_rate
+    if u < malformed:
+        return name, args, True
+    if u < unknown:
+        return f"{name}_unknown", args, False
+    if u < unknown + config.invalid_tool_arguments_rate:
+        required = [k for k in params.get("required") or [] if k in args]
+        return name, {k: v for k, v in args.items() if k != (required[:1] or [None])[0]}, False
+    return name, args, False
+
+
 def plan_answer(
     config: SimulatorConfig,
     lengths: LengthModel,
@@ -138,9 +155,12 @@ def plan_answer(
         if tool is not None:
             params = tool.function.parameters or {}
             args = object_arguments(params, seed >> 8, corpus)
-            block = tool_call_text(tool.function.name, args)
-            plan.tool_name = tool.function.name
-            plan.tool_arguments = json.dumps(args, ensure_ascii=False)
+            name, args, broken = bad_tool_call(config, unit(digest, 6), tool.function.name,
+                                               args, params)
+            block = tool_call_text(name, args)
+            plan.tool_name = name
+            plan.tool_arguments = json.dumps(args, ensure_ascii=False)[:-1] if broken else \
+                json.dumps(args, ensure_ascii=False)
             plan.tool_block = block
             plan.tool_tokens = text_tokens(len(block))
             plan.content_words = min(content, int(unit(digest, 7) * 24))  # short preface

@@ -51,6 +51,12 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
     reasoning_parser: str | None = "qwen3"
     tool_call_parser: str | None = None
     tool_call_rate: float = 0.5  # share of answers with tools that call one
+    # Tool calls gone wrong (shares of the calls; they add up to at most 1):
+    # arguments that are not JSON, a function nobody offered, arguments that
+    # break the tool's JSON Schema (a required property left out).
+    malformed_tool_call_rate: float = 0.0
+    unknown_tool_call_rate: float = 0.0
+    invalid_tool_arguments_rate: float = 0.0
     enable_cache_report: bool = False
     empty_content: EmptyContent = "empty"  # "" (SGLang >= 0.5.x main) or null (older)
 
@@ -84,6 +90,9 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
     empty_rate: float = 0.0
     trivial_rate: float = 0.0
 
+    # --- observation -----------------------------------------------------------
+    request_log: str | None = None  # append {"rid", "messages"} of each chat request (JSONL)
+
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
@@ -102,10 +111,15 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
             if name in _MINIMA and value is not None and value < _MINIMA[name]:
                 raise InvalidConfig(name, f"{name} must be >= {_MINIMA[name]:g}, got {value}")
         for name in ("error_rate", "stall_rate", "abort_rate", "empty_rate", "trivial_rate",
-                     "tool_call_rate"):
+                     "tool_call_rate", "malformed_tool_call_rate", "unknown_tool_call_rate",
+                     "invalid_tool_arguments_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise InvalidConfig(name, f"{name} must be within [0, 1], got {value}")
+        if (self.malformed_tool_call_rate + self.unknown_tool_call_rate
+                + self.invalid_tool_arguments_rate) > 1.0:
+            raise InvalidConfig("malformed_tool_call_rate", "the bad tool call rates add up to "
+                                "more than 1")
         if self.port > 65535:
             raise InvalidConfig("port", f"port must be within 0-65535, got {self.port}")
         if not 400 <= self.error_status <= 599:

@@ -8,6 +8,7 @@ Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /health``,
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import sys
@@ -78,6 +79,21 @@ class SimulatorState:
         self.started_at = time.monotonic()
         self.tool_parser = config.tool_call_parser not in (None, "", "none")
         self.reasoning_parser = config.reasoning_parser not in (None, "", "none")
+        # Line-buffered: every request is on disk when the response leaves.
+        self.request_log = (open(config.request_log, "a", buffering=1, encoding="utf-8")
+                            if config.request_log else None)
+
+    def log_request(self, body: bytes) -> None:
+        """One JSONL line per chat request: what it asked, for tests to check."""
+        if self.request_log is None:
+            return
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return
+        if isinstance(request, dict):
+            line = {"rid": request.get("rid"), "messages": request.get("messages")}
+            self.request_log.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     def warming(self) -> bool:
         return time.monotonic() - self.started_at < self.config.warmup_seconds
@@ -312,7 +328,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
-        req = parse_request(await request.read())
+        body = await request.read()
+        state.log_request(body)
+        req = parse_request(body)
         thinking = thinking_enabled(req)
         f = facts(req, cfg.seed, thinking)
         max_new = req.max_completion_tokens or req.max_tokens
