@@ -1,3 +1,5 @@
+import time
+
 import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource
@@ -63,12 +65,20 @@ def test_the_progress_topic_is_compacted_in_short_segments(settings, services, r
     broker's default would keep a week of records in one open segment)."""
     progress.ensure_topic(settings, run_id)
     admin = KafkaAdminClient(bootstrap_servers=services.bootstrap_servers)
+    topic = topics.progress_topic(run_id)
+    entries: dict[str, str] = {}
+    deadline = time.monotonic() + 60
     try:
-        topic = topics.progress_topic(run_id)
-        described = admin.describe_configs([ConfigResource("TOPIC", topic)])
+        # A describe right after the create can come back empty while the
+        # new topic's metadata spreads (seen once on a loaded machine).
+        while "cleanup.policy" not in entries and time.monotonic() < deadline:
+            described = admin.describe_configs([ConfigResource("TOPIC", topic)])
+            entries = {key: str(value["value"])
+                       for key, value in described["topic"].get(topic, {}).items()}
+            if "cleanup.policy" not in entries:
+                time.sleep(0.5)
     finally:
         admin.close()
-    entries = {key: str(value["value"]) for key, value in described["topic"][topic].items()}
     assert entries["cleanup.policy"] == "compact"
     assert entries["segment.ms"] == str(10 * 60 * 1000)
     assert float(entries["min.cleanable.dirty.ratio"]) == 0.1
