@@ -29,9 +29,11 @@ test: prerequisites $(VENV)/.installed-test
 # the broker and S3 server in containers: podman set up and the images built
 # by `tokenmill dev images` (installs podman when missing; cached after the
 # first run), then testcontainers through podman's Docker-compatible API.
+# The regenerate-turns e2e tests run natively only (`make test`).
+CONTAINER_TESTS = tests/e2e/test_pipeline.py tests/e2e/test_compose.py
 test-containers: prerequisites $(VENV)/.installed-test
 	$(VENV)/bin/tokenmill dev images
-	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q -n 0 tests/e2e $(ARGS)
+	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q -n 0 $(CONTAINER_TESTS) $(ARGS)
 
 prerequisites:
 	@$(PYTHON) -m tokenmill.devstack.prerequisites
