@@ -199,7 +199,7 @@ def test_plan_predicts_a_three_gpu_run(settings: Settings, run_id: str, tmp_path
     # `produce` will write), so all three GPUs start with the first prompt;
     # then `produce --plan` finds that same spec and publishes.
     estimate = run_estimate(plan, max_tokens=RUN_MAX_TOKENS, gpus=GPUS)
-    spec = RunSpec(run_id=run_id, partitions=GPUS * 4,
+    spec = RunSpec(run_id=run_id, partitions=GPUS * 4, gpus=GPUS,
                    generation=GenerationSettings(max_tokens=RUN_MAX_TOKENS), estimate=estimate,
                    inputs=tuple(fingerprint(source) for source in resolve([data])))
     RunRegistry(settings).create_run(spec)
