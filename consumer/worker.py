@@ -582,11 +582,8 @@ class Worker:
         for _ in range(decision.open):
             self._members.open()
         now = time.monotonic()
-        for name in decision.close:
-            slot = self._members.slots.get(name)
-            if slot is None:
-                continue
-            if slot.partitions:
+        for name in decision.close:  # all open: filtered above
+            if self._members.slots[name].partitions:
                 # A donation: drain first (no new requests there), close after.
                 self._handovers.start(name, now, drain_limit_s(self.latency_s))
             else:
