@@ -136,7 +136,7 @@ def read_sample(settings: Settings, run_id: str, n: int, chunks: int = 4) -> lis
         index = seen[span.partition] = seen.get(span.partition, -1) + 1
         rounds.setdefault(index, []).append(span)
     consumer = kafka_clients.consumer(settings, f"tokenmill.{run_id}.spot-check",
-                                      {**READER_CONFIG, "enable.partition.eof": True})
+                                      READER_CONFIG)
     deadline = time.monotonic() + SAMPLE_TIMEOUT_S
     found: list[Picked] = []
     try:

@@ -13,17 +13,20 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from tokenmill import kafka_clients
 from tokenmill.settings import Settings
 
 READ_TIMEOUT_S = 600.0  # one partition; generous: a DLQ partition can hold gigabytes
-# Committed records below the end arrive at once; if none comes for this long,
-# what is left below the end can only be markers or aborted records, which
-# librdkafka may not step the position over. Stop there instead of waiting.
-IDLE_END_S = 2.0
 BATCH = 1000
 # A batch returns at BATCH records or after this wait: the last, short batch
 # of every partition waits it out, so keep it short.
@@ -31,7 +34,10 @@ BATCH_WAIT_S = 0.05
 # Readers that stop at the end: a fetch that finds nothing new must not sit
 # at the broker for the default 500 ms each time a partition is switched; and
 # a reader that streams a DLQ holds 16 MB ahead, not librdkafka's 64 MB.
-READER_CONFIG = {"fetch.wait.max.ms": 10, "queued.max.messages.kbytes": 16 * 1024}
+# The end-of-partition event says exactly when the fetcher has passed the
+# end, aborted records and transaction markers included.
+READER_CONFIG = {"fetch.wait.max.ms": 10, "queued.max.messages.kbytes": 16 * 1024,
+                 "enable.partition.eof": True}
 
 
 def partition_count(settings: Settings, topic: str) -> int:
@@ -48,6 +54,13 @@ def last_stable_offsets(admin: AdminClient, topic: str, partitions: list[int],
     return _offsets(admin, topic, partitions, OffsetSpec.latest(), timeout_s)
 
 
+def high_watermarks(admin: AdminClient, topic: str, partitions: list[int],
+                    timeout_s: float) -> dict[int, int]:
+    """The end of each partition counting records of transactions still open."""
+    return _offsets(admin, topic, partitions, OffsetSpec.latest(), timeout_s,
+                    IsolationLevel.READ_UNCOMMITTED)
+
+
 def start_offsets(admin: AdminClient, topic: str, partitions: list[int],
                   timeout_s: float) -> dict[int, int]:
     """Where each partition starts. Assigning this offset rather than
@@ -56,7 +69,8 @@ def start_offsets(admin: AdminClient, topic: str, partitions: list[int],
 
 
 def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: OffsetSpec,
-             timeout_s: float) -> dict[int, int]:
+             timeout_s: float,
+             isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[int, int]:
     """One request for every partition. A just-created topic may not have its
     leaders yet: retry briefly."""
     deadline = time.monotonic() + timeout_s
@@ -64,7 +78,7 @@ def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: Offset
         try:
             futures = admin.list_offsets(
                 {TopicPartition(topic, p): spec for p in partitions},
-                isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
+                isolation_level=isolation, request_timeout=timeout_s)
             return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
         except KafkaException:
             if time.monotonic() > deadline:
@@ -75,28 +89,32 @@ def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: Offset
 def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
                    timeout_s: float = READ_TIMEOUT_S, start: int = -2) -> Iterator[Message]:
     """Committed records of one partition from `start` (default: its
-    beginning) to below `end`, in offset order."""
+    beginning) to below `end`, in offset order.
+
+    Stops only when the consumer's position or an end-of-partition event
+    has reached `end`, never because records were slow to come: a reader
+    that gave up early would hand a restarted service stale counters or
+    checkpoints. A broker that stays away past `timeout_s` is a
+    TimeoutError, not a short read. The consumer needs
+    `enable.partition.eof` (READER_CONFIG)."""
     if end <= 0 or end <= start:
         return
     tp = TopicPartition(topic, partition)
     consumer.assign([TopicPartition(topic, partition, start)])
     try:
         deadline = time.monotonic() + timeout_s
-        last_data = time.monotonic()
         while _position(consumer, tp) < end:
-            now = time.monotonic()
-            if now > deadline:
+            if time.monotonic() > deadline:
                 raise TimeoutError(f"could not read {topic} [{partition}] to offset {end} "
                                    f"in {timeout_s:.0f}s")
-            idle = now - last_data
-            if idle > IDLE_END_S and (_position(consumer, tp) >= 0 or idle > 3 * IDLE_END_S):
-                return
-            messages = consumer.consume(num_messages=BATCH, timeout=BATCH_WAIT_S)
-            if messages:
-                last_data = time.monotonic()
-            for message in messages:
-                if message.error():
-                    raise RuntimeError(f"reading {topic}: {message.error()}")
+            for message in consumer.consume(num_messages=BATCH, timeout=BATCH_WAIT_S):
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {topic}: {error}")
+                    if message.partition() == partition and message.offset() >= end:
+                        return
+                    continue
                 if message.offset() >= end:  # committed after reading started
                     return
                 yield message

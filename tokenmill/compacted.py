@@ -1,15 +1,22 @@
 """Read a compacted, single-partition topic to its end as a key -> value map.
 
 Used for the run registry and the progress topic. Reads `read_committed`, so
-values written inside aborted transactions never count. "The end" is the last
-stable offset when reading starts: everything below it is decided, and a
-transaction still open (say, of a worker killed mid-commit) never makes a
-reader wait. The consumer position moves past transaction markers, so reaching
-the end needs no offset counting.
+values written inside aborted transactions never count.
+
+"The end" is where every transaction open when the read starts is decided.
+The last stable offset alone is not enough: it stops at the first record of
+the oldest open transaction, and a value committed after that record stays
+out of sight until the transaction ends. A worker killed mid-commit leaves
+its transaction open for its transaction timeout (20-30 s), so a sink
+restarted beside it would read counters from before that and undercount
+forever. So a read waits (bounded) for the last stable offset to pass the
+high watermark seen at its start. Callers that only look (status) may take
+what is decided after a short wait instead (`stale_ok`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from confluent_kafka import TopicPartition
@@ -19,14 +26,27 @@ from tokenmill import committed, kafka_clients
 from tokenmill.settings import Settings
 
 READ_TIMEOUT_S = 60.0
+# Longer than any transaction timeout of ours: an open transaction whose
+# owner died is aborted by the coordinator by then.
+SETTLE_TIMEOUT_S = 90.0
+SETTLE_POLL_S = 0.05
 
 
-def read_to_end(
-    settings: Settings, topic: str, keep: Callable[[str], bool] | None = None
-) -> dict[str, bytes]:
+class Unsettled(TimeoutError):
+    """A transaction open on the topic when the read started is still not decided."""
+
+
+def read_to_end(settings: Settings, topic: str, keep: Callable[[str], bool] | None = None,
+                *, settle_s: float = SETTLE_TIMEOUT_S, stale_ok: bool = False
+                ) -> dict[str, bytes]:
+    """The latest committed value of every key (`keep`: of the keys it accepts).
+
+    Waits up to `settle_s` for transactions open at the start to be decided;
+    then raises Unsettled, or with `stale_ok` reads what is decided so far."""
     tp = TopicPartition(topic, 0)
     admin = kafka_clients.admin(settings)
-    end = last_stable_offset(admin, tp, settings.connect_timeout_s)
+    end = settled_end(admin, tp, settings.connect_timeout_s, settle_s=settle_s,
+                      stale_ok=stale_ok)
     values: dict[str, bytes] = {}
     if end <= 0:
         return values
@@ -47,6 +67,27 @@ def read_to_end(
     finally:
         consumer.close()
     return values
+
+
+def settled_end(admin: AdminClient, tp: TopicPartition, timeout_s: float, *,
+                settle_s: float, stale_ok: bool = False,
+                clock: Callable[[], float] = time.monotonic) -> int:
+    """An offset below which every record is decided and which is at or past
+    every record written before the call."""
+    target = committed.high_watermarks(admin, tp.topic, [tp.partition], timeout_s)[tp.partition]
+    deadline = clock() + settle_s
+    while True:
+        stable = last_stable_offset(admin, tp, timeout_s)
+        if stable >= target:
+            return stable
+        if clock() >= deadline:
+            if stale_ok:
+                return stable
+            raise Unsettled(
+                f"{tp.topic}: a transaction open since offset {stable} is still undecided "
+                f"after {settle_s:.0f}s (end {target}); its producer's transaction timeout "
+                "should have aborted it")
+        time.sleep(SETTLE_POLL_S)
 
 
 def last_stable_offset(admin: AdminClient, tp: TopicPartition, timeout_s: float) -> int:

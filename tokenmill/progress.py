@@ -20,6 +20,10 @@ from schemas.progress import (
 from tokenmill import compacted, kafka_clients, topics
 from tokenmill.settings import Settings
 
+# How long a look at the run waits for open transactions (members commit
+# every second or so; longer means one died mid-commit).
+LOOK_SETTLE_S = 3.0
+
 
 @dataclass
 class RunProgress:
@@ -79,10 +83,15 @@ def ensure_topic(settings: Settings, run_id: str) -> None:
     )
 
 
-def read_run_progress(settings: Settings, run_id: str) -> RunProgress:
+def read_run_progress(settings: Settings, run_id: str,
+                      settle_s: float = LOOK_SETTLE_S) -> RunProgress:
+    """Every member's progress, for looking at the run: if a transaction
+    stays open past `settle_s` (its owner died mid-commit), what is decided
+    so far. A member's own state is read with `read_one`, which waits."""
     prefix = f"{run_id}/"
     raw = compacted.read_to_end(settings, topics.progress_topic(run_id),
-                               lambda k: k.startswith(prefix))
+                               lambda k: k.startswith(prefix), settle_s=settle_s,
+                               stale_ok=True)
     progress = RunProgress(run=run_id)
     for key, value in raw.items():
         record = decode_progress(value)
@@ -96,6 +105,8 @@ def read_run_progress(settings: Settings, run_id: str) -> RunProgress:
 
 
 def read_one(settings: Settings, key: str) -> bytes | None:
+    """The last committed value of one key, after every transaction open
+    when the read starts is decided: what a restarted member resumes from."""
     run_id = key.split("/", 1)[0]
     return compacted.read_to_end(settings, topics.progress_topic(run_id),
                                  lambda k: k == key).get(key)

@@ -1,0 +1,141 @@
+"""Reading a partition's committed records to its end (tokenmill/committed.py),
+on the real broker. A restarted service takes its counters and checkpoints
+from such a read, so a read that stops short is a silent error: it hands
+back an older value. These tests pin the end exactly: aborted records and
+transaction markers at the tail, and a broker that goes quiet mid-read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tokenmill import compacted, kafka_clients
+from tokenmill.committed import READER_CONFIG, last_stable_offsets, read_partition
+
+pytestmark = pytest.mark.broker
+
+
+def _topic(bootstrap: str) -> str:
+    topic = f"committed-read-{os.urandom(4).hex()}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    return topic
+
+
+def _write(bootstrap: str, topic: str, transactions: int, *, abort_last: int = 0) -> None:
+    """`transactions` committed transactions, each setting key "count" to its
+    number (and a few other keys), then `abort_last` aborted ones whose
+    records did reach the broker."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic})
+    producer.init_transactions(30)
+    for i in range(1, transactions + abort_last + 1):
+        producer.begin_transaction()
+        for other in range(3):
+            producer.produce(topic, key=f"other-{other}", value=b"x" * 200)
+        producer.produce(topic, key="count", value=str(i).encode())
+        if i > transactions:
+            producer.flush(30)  # on the broker, then aborted
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+
+
+def test_a_tail_of_aborted_records_and_markers_is_read_through_at_once(settings) -> None:
+    bootstrap = settings.bootstrap_servers
+    topic = _topic(bootstrap)
+    _write(bootstrap, topic, 20, abort_last=3)
+    started = time.monotonic()
+    values = compacted.read_to_end(settings, topic)
+    elapsed = time.monotonic() - started
+    assert values["count"] == b"20"  # the aborted 21-23 never show
+    # reached through the end event, not a timeout (60 s)
+    assert elapsed < compacted.READ_TIMEOUT_S / 2, elapsed
+
+
+def test_a_broker_that_goes_quiet_mid_read_never_yields_a_short_read(private_stack) -> None:
+    stack = private_stack()
+    bootstrap = stack.bootstrap
+    topic = _topic(bootstrap)
+    _write(bootstrap, topic, 50)
+    settings = stack.settings()
+    end = last_stable_offsets(kafka_clients.admin(settings), topic, [0], 30)[0]
+    consumer = kafka_clients.consumer(settings, "committed-read-test", READER_CONFIG)
+    broker_pid = stack.broker(1).pid
+    frozen_s = 8.0  # longer than any "no data for a while means the end" guess
+    os.kill(broker_pid, signal.SIGSTOP)
+    thawed = threading.Timer(frozen_s, os.kill, (broker_pid, signal.SIGCONT))
+    thawed.start()
+    try:
+        started = time.monotonic()
+        last = None
+        for message in read_partition(consumer, topic, 0, end, timeout_s=120):
+            if message.key() == b"count":
+                last = message.value()
+        elapsed = time.monotonic() - started
+    finally:
+        thawed.join()
+        os.kill(broker_pid, signal.SIGCONT)
+        consumer.close()
+    assert last == b"50", f"a short read after {elapsed:.1f}s: the last value seen was {last!r}"
+    assert elapsed >= frozen_s - 0.5, f"the read ended after {elapsed:.1f}s, inside the freeze"
+
+
+def _open_transaction(bootstrap: str, topic: str) -> Producer:
+    """Another producer's transaction, open on the topic with a record on the broker."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-open"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key="someone-else", value=b"pending")
+    producer.flush(30)
+    return producer
+
+
+def test_a_value_committed_behind_an_open_transaction_is_read_once_it_is_decided(
+        settings) -> None:
+    """The last stable offset stops at the open transaction's first record;
+    the read waits for it to end instead of returning the value before."""
+    bootstrap = settings.bootstrap_servers
+    topic = _topic(bootstrap)
+    _write(bootstrap, topic, 1)
+    other = _open_transaction(bootstrap, topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key="count", value=b"2")
+    producer.commit_transaction(30)
+    held_s = 3.0
+    decided = threading.Timer(held_s, other.abort_transaction, (30,))
+    decided.start()
+    try:
+        started = time.monotonic()
+        values = compacted.read_to_end(settings, topic)
+        elapsed = time.monotonic() - started
+    finally:
+        decided.join()
+    assert values["count"] == b"2" and "someone-else" not in values
+    assert elapsed >= held_s - 0.5, "the read did not wait for the open transaction"
+
+
+def test_an_undecided_transaction_is_an_error_or_for_a_look_the_decided_part(settings) -> None:
+    bootstrap = settings.bootstrap_servers
+    topic = _topic(bootstrap)
+    _write(bootstrap, topic, 1)
+    other = _open_transaction(bootstrap, topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key="count", value=b"2")
+    producer.commit_transaction(30)
+    try:
+        with pytest.raises(compacted.Unsettled, match=topic):
+            compacted.read_to_end(settings, topic, settle_s=1.0)
+        looked = compacted.read_to_end(settings, topic, settle_s=1.0, stale_ok=True)
+        assert looked["count"] == b"1"  # what is decided: before the open transaction
+    finally:
+        other.abort_transaction(30)
