@@ -175,6 +175,11 @@ class PartitionBatcher:
             return True
         return False
 
+    def resume_at(self, offset: int) -> None:
+        """The partition is read again from `offset`: records fetched before
+        that took effect are not taken."""
+        self._resume_at = offset
+
     def set_existing(self, existing: tuple[ExistingObject, ...]) -> None:
         """The probe's answer for the batch the next record starts."""
         if self.current is not None:

@@ -88,6 +88,18 @@ class Round:
         return all(future.done() for _, _, future in self.items)
 
 
+@dataclass
+class Probe:
+    """The S3 lookup for the batch a partition starts next, in the pool: the
+    loop never waits on S3, so heartbeats go on while S3 hangs. Records of
+    the partition are not taken until it answers; then the partition is
+    read again from `offset`."""
+
+    offset: int
+    future: Future[tuple[Any, ...]]
+    started_at: float = field(default_factory=time.time)
+
+
 class SinkService:
     """Parameters: `settings`, `spec` (the run), `config` (`SinkConfig`),
     `metrics` (a `SinkMetrics`; a private one by default), `clock`
@@ -114,6 +126,7 @@ class SinkService:
         self._s3: S3Writer | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._round: Round | None = None
+        self._probes: dict[int, Probe] = {}
         self._lines = samples.LineEncoder()
         self.progress = SinkProgress(run=spec.run_id, instance=config.instance)
         self.watchdog = Watchdog(f"sink {config.instance}", stall_s=config.stall_s)
@@ -255,6 +268,7 @@ class SinkService:
     def _drop(self, partitions: list[TopicPartition], why: str) -> None:
         for tp in partitions:
             writer = self.writers.pop(tp.partition, None)
+            self._probes.pop(tp.partition, None)  # its answer is for the next owner to ask
             self._at_eof.discard(tp.partition)
             try:
                 self.metrics.lag.remove(str(tp.partition))
@@ -294,6 +308,7 @@ class SinkService:
             messages = self._consumer.consume(num_messages=config.consume_batch, timeout=timeout)
             for message in messages:
                 self._handle(message)
+            self._finish_probes()
             for writer in self.writers.values():
                 writer.tick()
             self._advance(wait=self._buffered_bytes() > config.max_buffer_bytes)
@@ -304,8 +319,7 @@ class SinkService:
                 next_lag = now + LAG_INTERVAL_S
             if now - self._last_commit >= config.heartbeat_s:
                 self._heartbeat()
-            if self._round is not None:
-                self._log_slow_upload(self._round)
+            self._log_slow_s3()
             if (config.until_done and now >= next_done_check and self._round is None
                     and self._all_at_eof()):
                 if self._check_done():
@@ -329,19 +343,13 @@ class SinkService:
             return
         writer = self.writers.get(partition)
         offset = message.offset()
-        if writer is None or not writer.accepts(offset):
+        if writer is None or partition in self._probes or not writer.accepts(offset):
             return
         self._at_eof.discard(partition)
-        self.metrics.records_in.inc()
         if writer.needs_probe and writer.current is None:
-            assert self._s3 is not None
-            existing = self._s3.probe(object_keys.candidate_keys(
-                self.config.prefix, self.config.run, partition, offset))
-            writer.set_existing(existing)
-            if existing:
-                log.info("batch pinned to an earlier object", partition=partition,
-                         first_offset=offset, last_offset=max(o.last_offset for o in existing),
-                         keys=[o.key for o in existing])
+            self._start_probe(partition, offset)
+            return
+        self.metrics.records_in.inc()
         raw = message.value()
         try:
             record = self._decode(raw)
@@ -365,6 +373,39 @@ class SinkService:
             writer.add(offset, dead_letter=dlq.dead_letter(
                 record, raw or b"", reason=reason, detail=detail, topic=self.topic,
                 partition=partition, offset=offset))
+
+    def _start_probe(self, partition: int, offset: int) -> None:
+        assert self._s3 is not None and self._pool is not None
+        keys = object_keys.candidate_keys(self.config.prefix, self.config.run, partition, offset)
+        self._probes[partition] = Probe(offset, self._pool.submit(self._probe, partition, keys))
+
+    def _probe(self, partition: int, keys: list[str]) -> tuple[Any, ...]:
+        assert self._s3 is not None
+        try:
+            return self._s3.probe(keys)
+        except (BotoCoreError, ClientError) as exc:
+            raise S3Failed(f"s3 lookup of {keys[0]} for partition {partition} failed after "
+                           f"retries: {exc}") from exc
+
+    def _finish_probes(self) -> None:
+        """Hand each answered probe to its partition's batcher and read the
+        partition again from the probed record."""
+        for partition, probe in list(self._probes.items()):
+            if not probe.future.done():
+                continue
+            del self._probes[partition]
+            existing = probe.future.result()  # S3Failed: the sink exits, as for uploads
+            writer = self.writers.get(partition)
+            if writer is None:  # revoked meanwhile
+                continue
+            writer.set_existing(existing)
+            if existing:
+                log.info("batch pinned to an earlier object", partition=partition,
+                         first_offset=probe.offset,
+                         last_offset=max(o.last_offset for o in existing),
+                         keys=[o.key for o in existing])
+            writer.resume_at(probe.offset)
+            self._consumer.seek(TopicPartition(self.topic, partition, probe.offset))
 
     def _decode(self, raw: bytes | None) -> Any:
         """The record as a completion of this run, else InvalidRecord."""
@@ -510,6 +551,7 @@ class SinkService:
 
     def _rewind(self, writer: PartitionBatcher, leaving: set[int]) -> None:
         offset = writer.rewind()
+        self._probes.pop(writer.partition, None)  # asked again from the rewound offset
         self._at_eof.discard(writer.partition)
         if offset is not None and writer.partition not in leaving:
             self._consumer.seek(TopicPartition(self.topic, writer.partition, offset))
@@ -565,20 +607,28 @@ class SinkService:
         return {
             "heartbeat_s": self.config.heartbeat_s,
             "partitions": len(self.writers),
-            "uploading_since": self._round.started_at if uploading and self._round else 0.0,
+            "uploading_since": self._s3_busy_since() if uploading else 0.0,
             "waiting_records": sum(w.pending_records for w in self.writers.values()),
             "upload_errors": errors.count,
             "last_error": errors.last or self.progress.last_error,
             "last_error_at": errors.last_at or self.progress.last_error_at,
         }
 
-    def _log_slow_upload(self, current: Round) -> None:
+    def _s3_busy_since(self) -> float:
+        """Start of the oldest S3 call in flight (upload round or probe), 0: none."""
+        started = [p.started_at for p in self._probes.values()]
+        if self._round is not None:
+            started.append(self._round.started_at)
+        return min(started, default=0.0)
+
+    def _log_slow_s3(self) -> None:
+        since = self._s3_busy_since()
         now = time.time()
-        waited = now - current.started_at
-        if waited >= SLOW_UPLOAD_S and now >= self._next_slow_upload_log:
+        if since and now - since >= SLOW_UPLOAD_S and now >= self._next_slow_upload_log:
             self._next_slow_upload_log = now + SLOW_UPLOAD_S
-            log.warning("S3 uploads still in flight", seconds=round(waited),
-                        partitions=[b.partition for _, b, _ in current.items],
+            uploading = {b.partition for _, b, _ in self._round.items} if self._round else set()
+            log.warning("S3 calls still in flight", seconds=round(now - since),
+                        uploading=sorted(uploading), probing=sorted(self._probes),
                         failed_attempts=self._s3_errors.count,
                         last_error=self._s3_errors.last or None)
 

@@ -190,10 +190,17 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
         at_freeze = report(settings, run_id)
         assert at_freeze["persisted"] < len(prompts), "the run ended before S3 froze"
 
+        last_check: list[str] = []
+
         def warned() -> bool:
             code, output = status(settings, run_id, "--check", "--upload-stall", "3")
+            last_check[:] = [f"exit {code}: {output}"]
             return code == 1 and "WARNING: sink s0: S3 upload in flight for" in output
-        wait_until(warned, 60, "--check warning about the stuck upload")
+        try:
+            wait_until(warned, 60, "--check warning about the stuck upload")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the last --check said {last_check}; sink log: "
+                                 f"{sink_log.read_text()[-3000:]}") from None
         document = report(settings, run_id)
         [row] = document["sinks"]
         # alive (a 3 s heartbeat is `stale` after 4.5 s: a loaded machine may show it)
@@ -215,3 +222,67 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
     check_exactly_once(settings, run_id, prompts)
     code, output = status(settings, run_id, "--check")
     assert code == 0 and "complete" in output, output
+
+
+def test_s3_frozen_before_a_partitions_first_record_leaves_the_sink_alive(private_stack,
+                                                                          tmp_path) -> None:
+    """A partition's first record makes the sink ask S3 which objects an
+    earlier owner left. That lookup must not hold the sink's loop: with S3
+    frozen from before the first record, the sink keeps its heartbeat and
+    `status` shows an S3 call in flight, not a dead sink."""
+    stack = private_stack()
+    settings = stack.settings(state_dir=tmp_path / "state")
+    run_id = f"t{os.urandom(6).hex()}"
+    spec = create_run(settings, run_id, partitions=2, max_tokens=256)
+    prompts = make_prompts(run_id, 60)
+    publish(settings, spec, prompts)
+    sim = SimulatorProcess(SimulatorConfig(decode_rate=400.0, length_median=40, length_max=80,
+                                           prefill_rate=0))
+    s3_pid = stack.state.s3.pid
+    frozen = False
+    worker = None
+    sink = None
+    sink_log = tmp_path / "sink.log"
+    try:
+        url = sim.start()
+        sink = start_sink(settings, run_id, "--instance", "s0", "--batch-size", "10",
+                          "--max-batch-age", "0.5", "--heartbeat-interval", str(HEARTBEAT_S),
+                          "--until-done", log_path=sink_log,
+                          env=sink_env(settings, **stack.env()))
+        wait_until(lambda: "partitions assigned" in sink_log.read_text()
+                   and states(report(settings, run_id), "sinks") == {"s0": "active"}, 120,
+                   "the sink assigned both partitions, with nothing to read yet")
+        os.kill(s3_pid, signal.SIGSTOP)
+        frozen = True
+        worker = ConsumerProcess(settings, run_id, url, "gpu0", tmp_path, "--concurrency", "8",
+                                 "--heartbeat-interval", str(HEARTBEAT_S),
+                                 "--until-done").start()
+        wait_until(lambda: report(settings, run_id)["generated"] == len(prompts), 120,
+                   "every prompt generated while S3 is frozen")
+        # In flight for 10 s, and alive: it heartbeat past 2 intervals (6 s) of the freeze.
+        last_check: list[str] = []
+
+        def warned() -> bool:
+            code, output = status(settings, run_id, "--check", "--upload-stall", "10")
+            last_check[:] = [f"exit {code}: {output}"]
+            return code == 1 and "WARNING: sink s0: S3 upload in flight for" in output
+        try:
+            wait_until(warned, 90, "--check warning about the S3 call in flight")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the last --check said {last_check}; sink log: "
+                                 f"{sink_log.read_text()[-3000:]}") from None
+        [row] = report(settings, run_id)["sinks"]
+        assert row["state"] in ("active", "stale") and row["uploading_for_s"] >= 10, row
+        os.kill(s3_pid, signal.SIGCONT)
+        frozen = False
+        assert sink.wait(240) == 0, sink_log.read_text()[-3000:]
+        assert worker.wait(60) == 0
+    finally:
+        if frozen:
+            os.kill(s3_pid, signal.SIGCONT)
+        if worker is not None:
+            worker.stop()
+        if sink is not None and sink.poll() is None:
+            sink.kill()
+        sim.terminate()
+    check_exactly_once(settings, run_id, prompts)
