@@ -17,6 +17,7 @@ lost -> assign cycle unnoticed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,13 @@ log = get_logger("tokenmill.consumer.membership")
 
 Callback = Callable[["Slot", list[TopicPartition]], None]
 CLOSE_LIMIT_S = 60.0
+# A partition whose last owner died mid-commit has offsets pending in that
+# owner's transaction: the coordinator answers "unstable" until the
+# transaction is aborted (by the owner's next incarnation, or after its
+# 20 s transaction timeout and the coordinator's next check), and
+# librdkafka's committed() times out meanwhile. The new owner waits that
+# out rather than exit (within CLOSE_LIMIT_S, the watchdog's bound).
+COMMITTED_WAIT_S = 45.0
 
 
 @dataclass
@@ -171,8 +179,26 @@ class Membership:
     def committed(self, slot: Slot, partitions: list[TopicPartition]
                   ) -> dict[tuple[str, int], int | None]:
         tps = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-        found = self._guarded("reading committed offsets", lambda: slot.consumer.committed(
-            tps, timeout=max(5.0, self.settings.connect_timeout_s)))
+        timeout_s = max(5.0, self.settings.connect_timeout_s)
+
+        def read() -> list[TopicPartition]:
+            deadline = time.monotonic() + COMMITTED_WAIT_S
+            while True:
+                try:
+                    return slot.consumer.committed(tps, timeout=timeout_s)
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else None
+                    timed_out = (isinstance(error, KafkaError)
+                                 and error.code() == KafkaError._TIMED_OUT)
+                    if not timed_out or time.monotonic() + timeout_s > deadline:
+                        raise
+                    log.warning("committed offsets not readable yet: the partitions' last "
+                                "owner may have died inside a transaction; waiting for it to "
+                                "be aborted", slot=slot.name,
+                                partitions=sorted(f"{tp.topic.rsplit('.', 1)[-1]}-{tp.partition}"
+                                                  for tp in tps))
+
+        found = self._guarded("reading committed offsets", read)
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
                 for tp in found}
 

@@ -57,6 +57,38 @@ def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
     assert {r.id.encode() for r in records} >= hidden  # redone and committed once
 
 
+def test_a_worker_taking_over_from_one_killed_mid_commit_waits_instead_of_exiting(
+        settings, run_id, tmp_path) -> None:
+    """The victim dies with its offsets sent and its transaction open. Until
+    the coordinator aborts that transaction (20 s timeout), the partition's
+    committed offset is unstable and cannot be read. The worker that takes
+    the partition over waits for it (and says so) instead of exiting on the
+    timed-out read, then finishes the run exactly once."""
+    spec = create_run(settings, run_id, partitions=1)
+    prompts = make_prompts(run_id, 400)
+    publish(settings, spec, prompts)
+    with running_simulator(PACED) as url:
+        # 2 at a time: the 10th commit comes after the heir is up and waiting.
+        victim = ConsumerProcess(settings, run_id, url, "victim", tmp_path, "--concurrency",
+                                 "2", "--session-timeout", "6",
+                                 kill_at="transaction.committing:10").start()
+        wait_until(lambda: victim.events("partitions assigned"), 120, "the victim's partition")
+        heir = ConsumerProcess(settings, run_id, url, "heir", tmp_path, "--until-done",
+                               "--concurrency", "16", "--session-timeout", "6").start()
+        try:
+            wait_until(lambda: heir.events("consuming"), 120, "the heir in the group")
+            assert not heir.events("partitions assigned") or heir.events(
+                "partitions assigned")[-1]["owned"] == [], "the heir took the partition early"
+            assert victim.wait(180) == 137, victim.log()[-3000:]
+            assert heir.wait(240) == 0, heir.log()[-3000:]
+        finally:
+            heir.stop()
+        # the risky moment was hit: the heir's first read of the offsets was refused
+        assert heir.events("committed offsets not readable yet: the partitions' last owner "
+                           "may have died inside a transaction; waiting for it to be aborted")
+    check_exactly_once(settings, run_id, prompts)
+
+
 def test_a_duplicate_instance_ends_the_older_one_with_one_line(settings, run_id,
                                                                  tmp_path) -> None:
     spec = create_run(settings, run_id, partitions=2)

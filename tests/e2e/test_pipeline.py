@@ -72,8 +72,13 @@ class Service:
         self.proc.wait(10)
 
     def wait(self, timeout: float) -> int:
+        """Its exit code; still running after `timeout` fails with its log's tail."""
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout:.0f}s; its log "
+                                 f"ends:\n{self.tail()}") from None
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
