@@ -96,11 +96,9 @@ def _open_transaction(bootstrap: str, topic: str) -> Producer:
     return producer
 
 
-def test_a_value_committed_behind_an_open_transaction_is_read_once_it_is_decided(
-        settings) -> None:
-    """The last stable offset stops at the open transaction's first record;
-    the read waits for it to end instead of returning the value before."""
-    bootstrap = settings.bootstrap_servers
+def _committed_behind_an_open_transaction(bootstrap: str) -> tuple[str, Producer]:
+    """A topic where "count" is 1, then another producer's transaction opens,
+    then "count" = 2 commits; returns the topic and the open transaction's producer."""
     topic = _topic(bootstrap)
     _write(bootstrap, topic, 1)
     other = _open_transaction(bootstrap, topic)
@@ -109,6 +107,14 @@ def test_a_value_committed_behind_an_open_transaction_is_read_once_it_is_decided
     producer.begin_transaction()
     producer.produce(topic, key="count", value=b"2")
     producer.commit_transaction(30)
+    return topic, other
+
+
+def test_a_value_committed_behind_an_open_transaction_is_read_once_it_is_decided(
+        settings) -> None:
+    """The last stable offset stops at the open transaction's first record;
+    the read waits for it to end instead of returning the value before."""
+    topic, other = _committed_behind_an_open_transaction(settings.bootstrap_servers)
     held_s = 3.0
     decided = threading.Timer(held_s, other.abort_transaction, (30,))
     decided.start()
@@ -123,15 +129,7 @@ def test_a_value_committed_behind_an_open_transaction_is_read_once_it_is_decided
 
 
 def test_an_undecided_transaction_is_an_error_or_for_a_look_the_decided_part(settings) -> None:
-    bootstrap = settings.bootstrap_servers
-    topic = _topic(bootstrap)
-    _write(bootstrap, topic, 1)
-    other = _open_transaction(bootstrap, topic)
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic})
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(topic, key="count", value=b"2")
-    producer.commit_transaction(30)
+    topic, other = _committed_behind_an_open_transaction(settings.bootstrap_servers)
     try:
         with pytest.raises(compacted.Unsettled, match=topic):
             compacted.read_to_end(settings, topic, settle_s=1.0)

@@ -159,16 +159,60 @@ def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run
             sim.terminate()
 
 
-def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> None:
+def wait_for_s3_warning(settings: Settings, run_id: str, stall_s: float, sink_log: Path,
+                        timeout_s: float) -> None:
+    """Until `status --check` warns of sink s0's S3 call in flight for
+    `stall_s` (exit 1); else fail with the last check and the sink's log."""
+    last_check: list[str] = []
+
+    def warned() -> bool:
+        code, output = status(settings, run_id, "--check", "--upload-stall", f"{stall_s:g}")
+        last_check[:] = [f"exit {code}: {output}"]
+        return code == 1 and "WARNING: sink s0: S3 upload in flight for" in output
+    try:
+        wait_until(warned, timeout_s, f"--check warning of an S3 call in flight for {stall_s:g}s")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last --check said {last_check}; sink log: "
+                             f"{sink_log.read_text()[-3000:]}") from None
+
+
+def s3_freeze_run(private_stack: Any, tmp_path: Path, n: int, decode_rate: float
+                  ) -> tuple[Any, Settings, str, list[Any], SimulatorProcess]:
+    """A stack of the test's own (its S3 server is frozen by the test), a run
+    of n published prompts on 2 partitions, and a simulator not started yet."""
     stack = private_stack()
     settings = stack.settings(state_dir=tmp_path / "state")
     run_id = f"t{os.urandom(6).hex()}"
     spec = create_run(settings, run_id, partitions=2, max_tokens=256)
-    prompts = make_prompts(run_id, 300)
+    prompts = make_prompts(run_id, n)
     publish(settings, spec, prompts)
+    sim = SimulatorProcess(SimulatorConfig(decode_rate=decode_rate, length_median=40,
+                                           length_max=80, prefill_rate=0))
+    return stack, settings, run_id, prompts, sim
+
+
+def thaw_and_finish(s3_pid: int, sink: Any, worker: ConsumerProcess, sink_log: Path) -> bool:
+    """S3 resumes; the sink and the worker then finish the run. False: not frozen now."""
+    os.kill(s3_pid, signal.SIGCONT)
+    assert sink.wait(240) == 0, sink_log.read_text()[-3000:]
+    assert worker.wait(60) == 0
+    return False
+
+
+def stop_all(frozen_pid: int | None, worker: ConsumerProcess | None, sink: Any,
+             sim: SimulatorProcess) -> None:
+    if frozen_pid is not None:
+        os.kill(frozen_pid, signal.SIGCONT)
+    if worker is not None:
+        worker.stop()
+    if sink is not None and sink.poll() is None:
+        sink.kill()
+    sim.terminate()
+
+
+def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> None:
     # ~0.4 s an answer, 4 at a time: ~30 s of generation, so S3 freezes mid-run
-    sim = SimulatorProcess(SimulatorConfig(decode_rate=100.0, length_median=40, length_max=80,
-                                           prefill_rate=0))
+    stack, settings, run_id, prompts, sim = s3_freeze_run(private_stack, tmp_path, 300, 100.0)
     s3_pid = stack.state.s3.pid
     frozen = False
     worker = None
@@ -190,35 +234,16 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
         at_freeze = report(settings, run_id)
         assert at_freeze["persisted"] < len(prompts), "the run ended before S3 froze"
 
-        last_check: list[str] = []
-
-        def warned() -> bool:
-            code, output = status(settings, run_id, "--check", "--upload-stall", "3")
-            last_check[:] = [f"exit {code}: {output}"]
-            return code == 1 and "WARNING: sink s0: S3 upload in flight for" in output
-        try:
-            wait_until(warned, 60, "--check warning about the stuck upload")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; the last --check said {last_check}; sink log: "
-                                 f"{sink_log.read_text()[-3000:]}") from None
+        wait_for_s3_warning(settings, run_id, 3, sink_log, 60)
         document = report(settings, run_id)
         [row] = document["sinks"]
         # alive (a 3 s heartbeat is `stale` after 4.5 s: a loaded machine may show it)
         assert row["state"] in ("active", "stale") and row["uploading_for_s"] >= 3
         code, text = status(settings, run_id, "--upload-stall", "3")
         assert "WARNING: sink s0: S3 upload in flight" in text
-        os.kill(s3_pid, signal.SIGCONT)
-        frozen = False
-        assert sink.wait(240) == 0, sink_log.read_text()[-3000:]
-        assert worker.wait(60) == 0
+        frozen = thaw_and_finish(s3_pid, sink, worker, sink_log)
     finally:
-        if frozen:
-            os.kill(s3_pid, signal.SIGCONT)
-        if worker is not None:
-            worker.stop()
-        if sink is not None and sink.poll() is None:
-            sink.kill()
-        sim.terminate()
+        stop_all(s3_pid if frozen else None, worker, sink, sim)
     check_exactly_once(settings, run_id, prompts)
     code, output = status(settings, run_id, "--check")
     assert code == 0 and "complete" in output, output
@@ -230,14 +255,7 @@ def test_s3_frozen_before_a_partitions_first_record_leaves_the_sink_alive(privat
     earlier owner left. That lookup must not hold the sink's loop: with S3
     frozen from before the first record, the sink keeps its heartbeat and
     `status` shows an S3 call in flight, not a dead sink."""
-    stack = private_stack()
-    settings = stack.settings(state_dir=tmp_path / "state")
-    run_id = f"t{os.urandom(6).hex()}"
-    spec = create_run(settings, run_id, partitions=2, max_tokens=256)
-    prompts = make_prompts(run_id, 60)
-    publish(settings, spec, prompts)
-    sim = SimulatorProcess(SimulatorConfig(decode_rate=400.0, length_median=40, length_max=80,
-                                           prefill_rate=0))
+    stack, settings, run_id, prompts, sim = s3_freeze_run(private_stack, tmp_path, 60, 400.0)
     s3_pid = stack.state.s3.pid
     frozen = False
     worker = None
@@ -260,29 +278,10 @@ def test_s3_frozen_before_a_partitions_first_record_leaves_the_sink_alive(privat
         wait_until(lambda: report(settings, run_id)["generated"] == len(prompts), 120,
                    "every prompt generated while S3 is frozen")
         # In flight for 10 s, and alive: it heartbeat past 2 intervals (6 s) of the freeze.
-        last_check: list[str] = []
-
-        def warned() -> bool:
-            code, output = status(settings, run_id, "--check", "--upload-stall", "10")
-            last_check[:] = [f"exit {code}: {output}"]
-            return code == 1 and "WARNING: sink s0: S3 upload in flight for" in output
-        try:
-            wait_until(warned, 90, "--check warning about the S3 call in flight")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; the last --check said {last_check}; sink log: "
-                                 f"{sink_log.read_text()[-3000:]}") from None
+        wait_for_s3_warning(settings, run_id, 10, sink_log, 90)
         [row] = report(settings, run_id)["sinks"]
         assert row["state"] in ("active", "stale") and row["uploading_for_s"] >= 10, row
-        os.kill(s3_pid, signal.SIGCONT)
-        frozen = False
-        assert sink.wait(240) == 0, sink_log.read_text()[-3000:]
-        assert worker.wait(60) == 0
+        frozen = thaw_and_finish(s3_pid, sink, worker, sink_log)
     finally:
-        if frozen:
-            os.kill(s3_pid, signal.SIGCONT)
-        if worker is not None:
-            worker.stop()
-        if sink is not None and sink.poll() is None:
-            sink.kill()
-        sim.terminate()
+        stop_all(s3_pid if frozen else None, worker, sink, sim)
     check_exactly_once(settings, run_id, prompts)
