@@ -550,7 +550,11 @@ class Worker:
                 continue
             if self.stopping:
                 return
-            self.others_seen = any(m.worker != self.config.instance for m in view.members)
+            others = sorted({m.worker for m in view.members} - {self.config.instance})
+            if bool(others) != self.others_seen:
+                log.info("fleet: other workers in the group" if others
+                         else "fleet: alone in the group", workers=others)
+            self.others_seen = bool(others)
             self._rates.observe(view)
             if self.config.group_protocol == "classic":
                 if stranded.check(state, self.spec.partitions):

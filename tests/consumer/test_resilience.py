@@ -189,6 +189,9 @@ def test_sigterm_drains_and_partitions_move(settings, run_id, tmp_path) -> None:
             leaver = workers[2]
             wait_until(lambda: consumer_progress(settings, run_id).consumers.get("w2")
                        is not None, 60, "the leaver's first commit")
+            # It hands over only when it knows others are there (its fleet view).
+            wait_until(lambda: leaver.events("fleet: other workers in the group"), 120,
+                       "the leaver seeing the other workers")
             signalled = time.monotonic()
             leaver.terminate()
             assert leaver.wait(60) == 0, leaver.log()[-3000:]
