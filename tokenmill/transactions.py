@@ -12,7 +12,8 @@ as numbered steps over one transactional producer:
 Retriable failures of steps 3 and 4 are retried with backoff until the
 step's deadline. Any other failure aborts the transaction and raises
 `TransactionAborted` (nothing of it is visible; the caller keeps or replays
-its work). A fenced or fatal producer, or an abort that fails, raises
+its work). An abort that times out is resumed, as librdkafka documents. A
+fenced or fatal producer, or an abort that fails for good, raises
 `KafkaFatal`: the process cannot go on and must exit with one line, so that
 its supervisor restarts it from committed state.
 
@@ -37,6 +38,10 @@ from tokenmill.log import get_logger
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.transactions")
+
+# An abort that timed out is resumed this many times in all (each call
+# waits up to the step timeout) before the process gives up.
+ABORT_ATTEMPTS = 3
 
 Step = Literal["begin", "produced", "offsets_sent", "committing", "committed", "aborted"]
 Verdict = Literal["fatal", "abort", "retry"]
@@ -212,12 +217,16 @@ class Transactions:
             raise TransactionAborted(str(error or exc)) from None
         self.hooks.step("committed", number, self.producer)
 
+    def _guarded(self, what: str, call: Callable[[], Any]) -> Any:
+        """The call, bounded by the watchdog (if any); errors pass unchanged."""
+        if self.watchdog is None:
+            return call()
+        with self.watchdog.guard(what, self.timeout_s * 2 + 10):
+            return call()
+
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
         try:
-            if self.watchdog is None:
-                return call()
-            with self.watchdog.guard(what, self.timeout_s * 2 + 10):
-                return call()
+            return self._guarded(what, call)
         except KafkaException as exc:
             error = kafka_error(exc)
             if error is not None and classify(error) == "fatal":
@@ -242,14 +251,30 @@ class Transactions:
                 time.sleep(self.backoff.delay(attempt))
 
     def _abort(self, cause: BaseException) -> None:
+        """Abort; an abort that timed out is resumed (librdkafka keeps aborting
+        in the background and documents calling it again), up to
+        ABORT_ATTEMPTS calls. Under a starved broker one abort was seen to take
+        longer than the transaction timeout, and exiting then took a healthy
+        worker down with it."""
         log.warning("transaction aborted", transactional_id=self.transactional_id,
                     cause=str(cause) or type(cause).__name__)
-        try:
-            self._call("abort_transaction", lambda: self.producer.abort_transaction(
-                self.timeout_s))
-        except KafkaException as exc:
-            error = kafka_error(exc)
-            raise KafkaFatal(
-                f"could not abort a transaction of {self.transactional_id} "
-                f"({error.str() if error else exc}); restarting from committed state "
-                "is the only safe way on") from None
+        for attempt in range(1, ABORT_ATTEMPTS + 1):
+            try:
+                self._guarded("abort_transaction", lambda: self.producer.abort_transaction(
+                    self.timeout_s))
+                return
+            except KafkaException as exc:
+                error = kafka_error(exc)
+                if (error is not None and error.code() == KafkaError._TIMED_OUT
+                        and attempt < ABORT_ATTEMPTS):
+                    log.warning("the abort is taking long; resuming it",
+                                transactional_id=self.transactional_id, attempt=attempt,
+                                waited_s=round(attempt * self.timeout_s))
+                    continue
+                if (error is not None and error.code() != KafkaError._TIMED_OUT
+                        and classify(error) == "fatal"):
+                    raise KafkaFatal(fenced_message(error, self.transactional_id)) from None
+                raise KafkaFatal(
+                    f"could not abort a transaction of {self.transactional_id} "
+                    f"({error.str() if error else exc}); restarting from committed state "
+                    "is the only safe way on") from None

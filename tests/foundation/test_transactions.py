@@ -6,6 +6,9 @@ is read back with kafka-python (`read_committed`)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 import uuid
 
@@ -15,6 +18,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from tests.kafka_helpers import committed_offsets, create_topic, read_all
 from tokenmill import kafka_clients
 from tokenmill.transactions import (
+    ABORT_ATTEMPTS,
     Backoff,
     GroupOffsets,
     KafkaFatal,
@@ -192,3 +196,61 @@ def test_stale_group_metadata_fences_a_zombie_member(settings) -> None:
         successor.close()
     assert read_all(settings.bootstrap_servers, out) == []
     assert committed_offsets(settings.bootstrap_servers, group, src) == {0: None}
+
+
+class FreezeBrokerAt(TransactionHooks):
+    """Freezes the broker (SIGSTOP) for `frozen_s` at one step, then fails
+    that step: the abort that follows meets a broker that does not answer."""
+
+    def __init__(self, step: str, broker_pid: int, frozen_s: float) -> None:
+        self.at, self.broker_pid, self.frozen_s = step, broker_pid, frozen_s
+        self.seen: list[str] = []
+        self.thaw: threading.Timer | None = None
+
+    def step(self, name, transaction, producer):  # type: ignore[no-untyped-def]
+        self.seen.append(name)
+        if name == self.at:
+            producer.flush(10)
+            os.kill(self.broker_pid, signal.SIGSTOP)
+            self.thaw = threading.Timer(self.frozen_s, os.kill,
+                                        (self.broker_pid, signal.SIGCONT))
+            self.thaw.start()
+            raise Boom(f"injected at {name}")
+
+
+def test_an_abort_that_outlasts_its_timeout_is_resumed_not_fatal(private_stack) -> None:
+    """The broker stops answering for longer than one abort may wait (3 s)
+    but less than ABORT_ATTEMPTS of them: the abort is resumed, nothing of the
+    transaction is visible, and the producer commits the next one. (Before,
+    the first timed-out abort was KafkaFatal and the worker exited.)"""
+    stack = private_stack()
+    settings = stack.settings()
+    out = f"out.{uuid.uuid4().hex[:8]}"
+    create_topic(stack.bootstrap, out, 1)
+    broker_pid = stack.broker(1).pid
+    hooks = FreezeBrokerAt("produced", broker_pid, frozen_s=5.0)
+    txn_id = f"test.{uuid.uuid4().hex[:8]}"
+    producer = kafka_clients.transactional_producer(settings, txn_id)
+    producer.init_transactions(30)
+    txns = Transactions(producer, transactional_id=txn_id, timeout_s=3, hooks=hooks)
+    assert ABORT_ATTEMPTS * txns.timeout_s > hooks.frozen_s > txns.timeout_s
+    started = time.monotonic()
+    try:
+        with pytest.raises(TransactionAborted, match="injected at produced"):
+            with txns.transaction() as txn:
+                txn.produce(out, b"lost")
+        aborted_after = time.monotonic() - started
+        hooks.at = "never"
+        txns.timeout_s = 20
+        with txns.transaction() as txn:
+            txn.produce(out, b"kept")
+    finally:
+        if hooks.thaw is not None:
+            hooks.thaw.join()
+        os.kill(broker_pid, signal.SIGCONT)
+    # one abort call waits 3 s: ending as an abort after the 5 s freeze took a resume
+    assert aborted_after >= hooks.frozen_s - 0.5, aborted_after
+    assert hooks.seen == ["begin", "produced", "aborted", "begin", "produced", "offsets_sent",
+                          "committing", "committed"]
+    assert [r.value for r in read_all(stack.bootstrap, out)] == [b"kept"]
+    assert b"lost" in [r.value for r in read_all(stack.bootstrap, out, committed_only=False)]
