@@ -12,6 +12,12 @@ restarted beside it would read counters from before that and undercount
 forever. So a read waits (bounded) for the last stable offset to pass the
 high watermark seen at its start. Callers that only look (status) may take
 what is decided after a short wait instead (`stale_ok`).
+
+A read of some keys only (`keep`: a member's own counters) first looks at
+the undecided records themselves (`read_uncommitted`): when none of them
+has a kept key, what is decided is already final for those keys and the
+read does not wait. A fresh member starting beside one that died mid-commit
+would otherwise wait out that member's transaction timeout for nothing.
 """
 
 from __future__ import annotations
@@ -45,8 +51,12 @@ def read_to_end(settings: Settings, topic: str, keep: Callable[[str], bool] | No
     then raises Unsettled, or with `stale_ok` reads what is decided so far."""
     tp = TopicPartition(topic, 0)
     admin = kafka_clients.admin(settings)
+
+    def undecided_matters(stable: int, target: int) -> bool:
+        return keep is None or _has_key_between(settings, topic, stable, target, keep)
+
     end = settled_end(admin, tp, settings.connect_timeout_s, settle_s=settle_s,
-                      stale_ok=stale_ok)
+                      stale_ok=stale_ok, undecided_matters=undecided_matters)
     values: dict[str, bytes] = {}
     if end <= 0:
         return values
@@ -71,15 +81,23 @@ def read_to_end(settings: Settings, topic: str, keep: Callable[[str], bool] | No
 
 def settled_end(admin: AdminClient, tp: TopicPartition, timeout_s: float, *,
                 settle_s: float, stale_ok: bool = False,
+                undecided_matters: Callable[[int, int], bool] | None = None,
                 clock: Callable[[], float] = time.monotonic) -> int:
     """An offset below which every record is decided and which is at or past
-    every record written before the call."""
+    every record written before the call (of the records that matter:
+    `undecided_matters(stable, end)`, asked once, says whether the undecided
+    range holds any)."""
     target = committed.high_watermarks(admin, tp.topic, [tp.partition], timeout_s)[tp.partition]
     deadline = clock() + settle_s
+    asked = False
     while True:
         stable = last_stable_offset(admin, tp, timeout_s)
         if stable >= target:
             return stable
+        if undecided_matters is not None and not asked:
+            asked = True
+            if not undecided_matters(stable, target):
+                return stable
         if clock() >= deadline:
             if stale_ok:
                 return stable
@@ -94,3 +112,17 @@ def last_stable_offset(admin: AdminClient, tp: TopicPartition, timeout_s: float)
     """The read_committed end of a partition. A just-created topic may not
     have a leader yet: retry briefly."""
     return committed.last_stable_offsets(admin, tp.topic, [tp.partition], timeout_s)[tp.partition]
+
+
+def _has_key_between(settings: Settings, topic: str, start: int, end: int,
+                     keep: Callable[[str], bool]) -> bool:
+    """Whether any record in [start, end), decided or not, has a kept key."""
+    consumer = kafka_clients.consumer(settings, "tokenmill.compacted-reader",
+                                      {**committed.READER_CONFIG,
+                                       "isolation.level": "read_uncommitted"})
+    try:
+        return any(keep((message.key() or b"").decode()) for message in
+                   committed.read_partition(consumer, topic, 0, end, READ_TIMEOUT_S,
+                                            start=start))
+    finally:
+        consumer.close()

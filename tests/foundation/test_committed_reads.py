@@ -137,3 +137,30 @@ def test_an_undecided_transaction_is_an_error_or_for_a_look_the_decided_part(set
         assert looked["count"] == b"1"  # what is decided: before the open transaction
     finally:
         other.abort_transaction(30)
+
+
+def test_a_read_of_keys_no_undecided_record_holds_does_not_wait(settings) -> None:
+    """A member reading its own counters beside another's open transaction:
+    when no undecided record has its key, the decided value is final at once
+    (it used to wait out the other's transaction timeout); when one has, or
+    its value was committed behind the open transaction, it still waits."""
+    bootstrap = settings.bootstrap_servers
+    topic = _topic(bootstrap)
+    _write(bootstrap, topic, 1)
+    other = _open_transaction(bootstrap, topic)
+    try:
+        started = time.monotonic()
+        values = compacted.read_to_end(settings, topic, lambda k: k == "count", settle_s=20.0)
+        assert values == {"count": b"1"}
+        assert time.monotonic() - started < 10.0, "waited for a transaction it had no part in"
+        with pytest.raises(compacted.Unsettled):
+            compacted.read_to_end(settings, topic, lambda k: k == "someone-else", settle_s=1.0)
+    finally:
+        other.abort_transaction(30)
+    behind, other = _committed_behind_an_open_transaction(bootstrap)
+    try:
+        with pytest.raises(compacted.Unsettled):
+            compacted.read_to_end(settings, behind, lambda k: k == "count", settle_s=1.0)
+    finally:
+        other.abort_transaction(30)
+    assert compacted.read_to_end(settings, behind, lambda k: k == "count") == {"count": b"2"}
