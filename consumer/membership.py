@@ -137,10 +137,10 @@ class Membership:
 
     # -- polling ---------------------------------------------------------------
 
-    def poll(self, max_messages: int) -> list[Message]:
-        """Messages from every slot (rebalance callbacks run in here).
-        A fatal consumer error ends the worker."""
-        out: list[Message] = []
+    def poll(self, max_messages: int) -> list[tuple[str, Message]]:
+        """Messages from every slot, each with the slot's name (rebalance
+        callbacks run in here). A fatal consumer error ends the worker."""
+        out: list[tuple[str, Message]] = []
         names = list(self.slots)
         if not names:
             return out
@@ -153,7 +153,7 @@ class Membership:
             for message in slot.consumer.consume(num_messages=min(room, 1000), timeout=0):
                 error = message.error()
                 if error is None:
-                    out.append(message)
+                    out.append((name, message))
                 elif error.fatal():
                     raise KafkaFatal(f"consumer {name} of {self.group}: {error.str()}")
                 elif error.code() != KafkaError._PARTITION_EOF:

@@ -218,6 +218,12 @@ class Worker:
         resumed = []
         for tp in partitions:
             p = (tp.topic, tp.partition)
+            stale = self.states.pop(p, None)
+            if stale is not None:  # still held by another of our slots, which lost it
+                log.warning("partition moved between this worker's slots before the old one "
+                            "learned it; its uncommitted work is dropped",
+                            partition=self._label(p), old_slot=stale.slot, slot=slot.name)
+                self._drop_state(stale, "lost")
             parked = self.parked.pop(p, None)
             if parked is not None and can_resume(parked, committed.get(p)):
                 parked.slot = slot.name
@@ -235,8 +241,15 @@ class Worker:
                  partitions=self._labels((tp.topic, tp.partition) for tp in partitions),
                  resumed=resumed, owned=self._labels(self.states))
 
+    def _held_by(self, slot: Slot, partitions: list[TopicPartition]) -> set[Key]:
+        """The partitions whose state this slot holds: a slot that lost a
+        partition late must not touch the state another slot now holds."""
+        return {(tp.topic, tp.partition) for tp in partitions
+                if (state := self.states.get((tp.topic, tp.partition))) is not None
+                and state.slot == slot.name}
+
     def _on_revoke(self, slot: Slot, partitions: list[TopicPartition]) -> None:
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        revoked = self._held_by(slot, partitions)
         self._commit(only=revoked)
         park = not self.stopping and self.fatal is None
         for p in revoked:
@@ -249,18 +262,16 @@ class Worker:
             else:
                 self._drop_state(state, "revoked")
         self.metrics.assigned.set(len(self.states))
-        log.info("partitions revoked", slot=slot.name, partitions=self._labels(revoked),
+        log.info("partitions revoked", slot=slot.name,
+                 partitions=self._labels((tp.topic, tp.partition) for tp in partitions),
                  owned=self._labels(self.states))
 
     def _on_lost(self, slot: Slot, partitions: list[TopicPartition]) -> None:
-        lost = {(tp.topic, tp.partition) for tp in partitions}
-        for p in lost:
-            state = self.states.pop(p, None)
-            if state is not None:
-                self._drop_state(state, "lost")
+        for p in self._held_by(slot, partitions):
+            self._drop_state(self.states.pop(p), "lost")
         self.metrics.assigned.set(len(self.states))
         log.warning("partitions lost; their uncommitted work is dropped", slot=slot.name,
-                    partitions=self._labels(lost))
+                    partitions=self._labels((tp.topic, tp.partition) for tp in partitions))
 
     def _label(self, key: Key) -> int | str:
         """How logs and metric labels name an input partition: its number for
@@ -315,14 +326,17 @@ class Worker:
             # Leave the records in librdkafka's queue for now: the pause policy
             # pauses the partitions long before max.poll.interval.ms.
             return
-        for message in self._members.poll(max(1, min(room, 1000))):
-            self._accept(message)
+        for slot_name, message in self._members.poll(max(1, min(room, 1000))):
+            self._accept(message, slot_name)
 
-    def _accept(self, message: Message) -> None:
+    def _accept(self, message: Message, slot_name: str) -> None:
         partition = message.partition() or 0
         topic = message.topic() or self.prompts_topic
         state = self.states.get((topic, partition))
-        if state is None:  # a late message of a partition we no longer own
+        if state is None or state.slot != slot_name:
+            # a late message of a partition this slot no longer holds: taking
+            # it into another slot's state would interleave two fetch streams
+            # and let a commit pass over records never tracked
             return
         offset = message.offset() or 0
         if state.last_fetched is not None and offset <= state.last_fetched:
