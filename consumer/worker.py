@@ -253,9 +253,7 @@ class Worker:
         self._commit(only=revoked)
         park = not self.stopping and self.fatal is None
         for p in revoked:
-            state = self.states.pop(p, None)
-            if state is None:
-                continue
+            state = self.states.pop(p)
             if park and state.tasks:
                 state.parked_until = time.monotonic() + self.config.park_s
                 self.parked[p] = state
@@ -421,7 +419,7 @@ class Worker:
         # (the end of a run or of this worker's partitions), so commit now.
         return ready >= self.config.commit_max_records or (ready > 0 and not self.in_flight)
 
-    def _commit(self, only: set[int] | None = None) -> int:
+    def _commit(self, only: set[Key] | None = None) -> int:
         """One transaction: ready results + counters + input offsets (each
         slot's with its own group metadata). Returns the records committed;
         results stay in the watermarks until the commit succeeded."""

@@ -109,7 +109,7 @@ def read_one(settings: Settings, key: str) -> bytes | None:
     when the read starts is decided: what a restarted member resumes from."""
     run_id = key.split("/", 1)[0]
     return compacted.read_to_end(settings, topics.progress_topic(run_id),
-                                 lambda k: k == key).get(key)
+                                 lambda k: k == key, few_keys=True).get(key)
 
 
 def read_producer_checkpoint(settings: Settings, run_id: str) -> ProducerCheckpoint | None:

@@ -55,8 +55,6 @@ class FakeMessage:
 class FakeMembers:
     """Committed offsets only: the callbacks ask nothing else of the group."""
 
-    slots: dict[str, Slot] = {}
-
     def committed(self, slot: Slot, partitions: list[TopicPartition]) -> dict[Any, int]:
         return {(tp.topic, tp.partition): COMMITTED for tp in partitions}
 

@@ -136,13 +136,14 @@ class Pace:
     def __init__(self, urls: list[str], supervisor: Supervisor) -> None:
         self.urls, self.supervisor = urls, supervisor
 
-    def served(self) -> int:
-        return int(sum(sim_metrics(url).get("sglang:num_requests_total", 0.0)
-                       for url in self.urls))
+    def reading(self) -> tuple[int, int]:
+        """(requests served, requests running), one scrape of each server."""
+        scraped = [sim_metrics(url) for url in self.urls]
+        return (int(sum(m.get("sglang:num_requests_total", 0.0) for m in scraped)),
+                int(sum(m.get("sglang:num_running_reqs", 0.0) for m in scraped)))
 
-    def running(self) -> int:
-        return int(sum(sim_metrics(url).get("sglang:num_running_reqs", 0.0)
-                       for url in self.urls))
+    def served(self) -> int:
+        return self.reading()[0]
 
     def workers_done(self) -> bool:
         """A worker exited 0: with --until-done, the run is fully generated."""
@@ -154,8 +155,8 @@ class Pace:
         deadline = time.monotonic() + timeout_s
         while True:
             assert not self.workers_done(), f"the run ended before {at_least} requests"
-            served = self.served()
-            if served >= at_least and self.running() > 0:
+            served, running = self.reading()
+            if served >= at_least and running > 0:
                 return served
             assert time.monotonic() < deadline, f"served {served} (< {at_least}) in {timeout_s}s"
             time.sleep(0.2)
