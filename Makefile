@@ -36,7 +36,7 @@ test-containers: prerequisites $(VENV)/.installed-test
 	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q -n 0 $(CONTAINER_TESTS) $(ARGS)
 
 prerequisites:
-	@$(PYTHON) -m tokenmill.devstack.prerequisites
+	@$(PYTHON) -m devstack.prerequisites
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ $(VENV)/.installed-%: pyproject.toml | $(VENV)/bin/python
 # Prometheus's own parser on the shipped rules and config, and the rules' unit
 # tests. promtool is built once from the Go module proxy into $(VENV)/bin.
 PROMTOOL_VERSION ?= v0.316.0
-PROMETHEUS_DIR = tokenmill/deploy/prometheus
+PROMETHEUS_DIR = deploy/prometheus
 
 $(VENV)/bin/promtool: | $(VENV)/bin/python
 	GOBIN=$(abspath $(VENV))/bin GOFLAGS=-mod=mod \

@@ -45,8 +45,8 @@ from bench.services import bench_settings
 from schemas import GenerationSettings
 from tokenmill import log
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 console = Console(width=200)
 

@@ -151,7 +151,7 @@ def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
     from schemas.progress import ProducerCheckpoint, SinkProgress, producer_key, sink_key
     from sink.object_keys import object_key
     from sink.samples import sample_line
-    from tokenmill import kafka_clients, topics
+    from tokenmill.kafka import clients, topics
     from tokenmill.registry import RunRegistry
 
     tag = uuid.uuid4().hex[:8]
@@ -180,7 +180,7 @@ def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
 
     s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
     s3.create_bucket(Bucket=bucket)
-    dlq = kafka_clients.producer(settings, {"linger.ms": 50})
+    dlq = clients.producer(settings, {"linger.ms": 50})
     redriven = [i for i in range(records) if i % REDRIVE_EVERY == REDRIVE_EVERY - 1]
     total_bytes = 0
     started = time.monotonic()
@@ -227,7 +227,7 @@ def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
         for future in futures:
             future.result()
     assert dlq.flush(120) == 0
-    progress = kafka_clients.producer(settings)
+    progress = clients.producer(settings)
     for spec, total, accepted in ((root, records, records - len(redriven)),
                                   (child, len(redriven), len(redriven))):
         topic = topics.progress_topic(spec.run_id)

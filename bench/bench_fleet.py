@@ -20,7 +20,7 @@ side's processes are reported apart.
     python bench/bench_fleet.py [--prompts 1200] [--only a,b,c] [--out bench/results/fleet.json]
 
 Kafka comes from TOKENMILL_BOOTSTRAP_SERVERS (and the other TOKENMILL_* variables) if
-set, else a private dev stack whose broker has tokenmill/deploy/kafka/server.properties' KIP-848
+set, else a private dev stack whose broker has deploy/kafka/server.properties' KIP-848
 settings.
 """
 
@@ -43,11 +43,12 @@ from bench.figures import Figure, Recorder, console_table, ratio
 from bench.services import bench_settings, child_env
 from bench.timing import Launched
 from schemas import GenerationSettings
-from tokenmill import groups, kafka_clients, log, topics
-from tokenmill.devstack.processes import free_port
+from tokenmill import log
+from tokenmill.kafka import clients, groups, topics
+from devstack.processes import free_port
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 console = Console(width=200)
 
@@ -101,7 +102,7 @@ def handover_case(settings: Settings, n: int, work: Path) -> Figure:
     seconds until none of its partitions is without another owner."""
     sims = [SimulatorProcess(gpu(60.0), port=free_port()) for _ in range(3)]
     urls = [sim.start() for sim in sims]
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     procs: list[Launched] = []
     try:
         run = setup_run(settings, n, PARTITIONS_PER_GPU * 3, MAX_TOKENS, gpus=3)

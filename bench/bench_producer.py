@@ -124,9 +124,9 @@ def run_pinned(argv: list[str], env: dict[str, str], core: set[int] | None,
 
 
 def create_topic(settings: Any, topic: str, partitions: int) -> None:
-    from tokenmill import kafka_clients
+    from tokenmill.kafka import clients
 
-    kafka_clients.ensure_topics(kafka_clients.admin(settings), {topic: partitions})
+    clients.ensure_topics(clients.admin(settings), {topic: partitions})
 
 
 def log_events(log: Path) -> dict[str, dict[str, Any]]:

@@ -65,7 +65,8 @@ from schemas import (
     encode_record,
 )
 from schemas.progress import producer_key
-from tokenmill import kafka_clients, log, topics
+from tokenmill import log
+from tokenmill.kafka import clients, topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -132,7 +133,7 @@ def _records(spec: RunSpec, case: Case):
 def _feed(settings: Settings, spec: RunSpec, case: Case) -> tuple[float, dict[int, int]]:
     """Commit the case's records, 100 per transaction; returns (mean record
     bytes, partition -> last offset + 1)."""
-    producer = kafka_clients.transactional_producer(settings, f"bench-feed-{spec.run_id}")
+    producer = clients.transactional_producer(settings, f"bench-feed-{spec.run_id}")
     producer.init_transactions(30)
     topic = topics.completions_topic(spec.run_id)
     ends = DeliveredEnds()
@@ -154,7 +155,7 @@ def _feed(settings: Settings, spec: RunSpec, case: Case) -> tuple[float, dict[in
     producer.commit_transaction(60)
     checkpoint = ProducerCheckpoint(run=spec.run_id, next_seq=case.records, total=case.records,
                                     done=True)
-    plain = kafka_clients.producer(settings)
+    plain = clients.producer(settings)
     plain.produce(topics.progress_topic(spec.run_id), key=producer_key(spec.run_id).encode(),
                   value=encode_record(checkpoint))
     plain.flush(30)

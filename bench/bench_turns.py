@@ -29,8 +29,8 @@ from bench.figures import Figure, Recorder, console_table, ratio
 from bench.services import bench_settings
 from tokenmill import log, progress
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 console = Console(width=200)
 

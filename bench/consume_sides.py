@@ -37,7 +37,7 @@ from schemas import (
     decode_completion,
 )
 from schemas.progress import ProducerCheckpoint, producer_key
-from tokenmill import kafka_clients, topics
+from tokenmill.kafka import clients, topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -86,7 +86,7 @@ def setup_run(settings: Settings, n: int, partitions: int, max_tokens: int,
                    multi_turn="regenerate-turns" if turns > 1 else "last-user")
     RunRegistry(settings).create_run(spec)
     ends = DeliveredEnds()
-    producer = kafka_clients.transactional_producer(settings, f"bench.{run_id}",
+    producer = clients.transactional_producer(settings, f"bench.{run_id}",
                                                     {"linger.ms": 20})
     producer.init_transactions(30)
     producer.begin_transaction()
@@ -180,7 +180,7 @@ def completion_tokens(record: CompletionRecord) -> int:
 
 def committed_results(settings: Settings, run_id: str) -> tuple[int, int]:
     """(committed completions, their completion tokens), read_committed."""
-    consumer = kafka_clients.consumer(settings, f"bench-read-{uuid.uuid4().hex[:6]}",
+    consumer = clients.consumer(settings, f"bench-read-{uuid.uuid4().hex[:6]}",
                                       {"enable.partition.eof": True})
     topic = topics.completions_topic(run_id)
     parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions

@@ -3,7 +3,7 @@ is: from the `TOKENMILL_*` variables the README documents
 (TOKENMILL_BOOTSTRAP_SERVERS, TOKENMILL_S3_ENDPOINT_URL, TOKENMILL_S3_BUCKET,
 the SASL/TLS ones; S3 credentials from boto3's usual chain). Without
 TOKENMILL_BOOTSTRAP_SERVERS, a private dev stack on free ports in a
-temporary directory (the broker configured from tokenmill/deploy/kafka/server.properties,
+temporary directory (the broker configured from deploy/kafka/server.properties,
 KIP-848 groups included), stopped afterwards."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def bench_settings(kafka_heap: str = "1g", services_cores: set[int] | None = Non
             settings = load_settings()
             yield msgspec.structs.replace(settings, state_dir=Path(tmp))
             return
-        from tokenmill.devstack import s3_server, stack
+        from devstack import s3_server, stack
 
         state, _ = stack.up(stack.StackPlan.on_free_ports(Path(tmp) / "stack",
                                                          kafka_heap=kafka_heap))

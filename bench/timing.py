@@ -16,7 +16,8 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from tokenmill import kafka_clients, progress
+from tokenmill import progress
+from tokenmill.kafka import clients
 from tokenmill.settings import Settings
 
 POLL_S = 0.05
@@ -126,7 +127,7 @@ class CommittedReached:
                  ends: Mapping[int, int]) -> None:
         self.ends = dict(ends)
         self._wanted = [TopicPartition(topic, p) for p in sorted(ends)]
-        self._consumer = kafka_clients.consumer(settings, group)
+        self._consumer = clients.consumer(settings, group)
 
     def __call__(self) -> bool:
         try:

@@ -14,13 +14,13 @@ from confluent_kafka import KafkaException
 from consumer.backoff import RetryPolicy
 from consumer.health import wait_for_server
 from consumer.worker import FatalWorkerError, Worker, WorkerConfig
-from tokenmill import kafka_clients
+from tokenmill.kafka import clients
 from tokenmill.commandline import exit_now, finish_now, register_known_error, service_command
 from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings, http_url_problem
 from tokenmill.tool_results import HookUnavailable
-from tokenmill.transactions import KafkaFatal
+from tokenmill.kafka.transactions import KafkaFatal
 
 register_known_error(FatalWorkerError, KafkaFatal, HookUnavailable)
 
@@ -125,7 +125,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         raise click.BadParameter(f"{instance!r}: use 1-100 letters, digits, '.', '_' or '-'",
                                  param_hint="--instance")
     api_key = os.environ.get("TOKENMILL_SGLANG_API_KEY") or None
-    kafka_clients.wait_for_broker(settings)
+    clients.wait_for_broker(settings)
     spec = RunRegistry(settings).get(run_id)
     asyncio.run(wait_for_server(sglang_url, timeout_s=settings.startup_timeout_s,
                                 api_key=api_key))

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from consumer.fleet import FleetView, Member, worker_of
-from tokenmill import groups
+from tokenmill.kafka import groups
 
 
 class ViewUnavailable(RuntimeError):

@@ -25,10 +25,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumer.fleet import slot_name
-from tokenmill import groups, kafka_clients
+from tokenmill.kafka import clients, groups
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
-from tokenmill.transactions import GroupOffsets, KafkaFatal
+from tokenmill.kafka.transactions import GroupOffsets, KafkaFatal
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.consumer.membership")
@@ -99,7 +99,7 @@ class Membership:
             **groups.member_config(self.config.protocol, client_id=name,
                                    session_timeout_s=self.config.session_timeout_s,
                                    instance_id=self.config.instance_id)}
-        consumer = kafka_clients.consumer(self.settings, self.group, extra)
+        consumer = clients.consumer(self.settings, self.group, extra)
         slot = Slot(name, consumer)
         self.slots[name] = slot
         self._subscribe(slot)

@@ -5,7 +5,7 @@ membership.py), the transactional producer and every transaction call. The
 loop polls without blocking, starts requests up to the in-flight limit
 (consumer/generation.py), and every few seconds commits the contiguous
 finished prefix of each partition together with its input offsets in one
-transaction (tokenmill/transactions.py, KIP-447). Transactions are opened
+transaction (tokenmill/kafka/transactions.py, KIP-447). Transactions are opened
 only to commit, never held across LLM calls.
 
 Rebalance: on revoke, commit the ready prefix of the revoked partitions,
@@ -57,11 +57,12 @@ from schemas import Conversation, Failure, RunSpec
 from schemas.completion import encode_record
 from schemas.turn import TurnRecord
 from schemas.progress import ConsumerProgress, ServerSnapshot, consumer_key, decode_progress
-from tokenmill import groups, kafka_clients, progress, topics
+from tokenmill import progress
+from tokenmill.kafka import clients, groups, topics
 from tokenmill.log import get_logger
 from tokenmill.registry import source_prompts_topic
 from tokenmill.settings import Settings
-from tokenmill.transactions import KafkaFatal, TransactionAborted, TransactionHooks, Transactions
+from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, TransactionHooks, Transactions
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.consumer")
@@ -166,9 +167,9 @@ class Worker:
 
     def _make_clients(self) -> None:
         settings = self.settings
-        kafka_clients.check_broker(settings)
+        clients.check_broker(settings)
         txn_id = topics.transactional_id(self.run_id, "consumer", self.config.instance)
-        self._producer = kafka_clients.transactional_producer(
+        self._producer = clients.transactional_producer(
             settings, txn_id, {"linger.ms": 20, "queue.buffering.max.messages": 200_000})
         # Fences a previous incarnation and aborts its open transaction.
         try:
@@ -192,7 +193,7 @@ class Worker:
                          self._progress.completion_tokens)
         config = self.config
         if config.group_protocol == "consumer" and config.session_timeout_s:
-            groups.set_session_timeout(kafka_clients.admin(settings), self.group,
+            groups.set_session_timeout(clients.admin(settings), self.group,
                                        config.session_timeout_s, settings.connect_timeout_s)
         self._members = Membership(
             settings=settings, group=self.group, topics=self.input_topics,
@@ -538,8 +539,8 @@ class Worker:
         """Watch the group; open and close this worker's slots (KIP-848), or
         repair partitions no member owns (classic)."""
         assert self._members is not None
-        admin = kafka_clients.admin(self.settings)
-        offsets = kafka_clients.consumer(self.settings, self.group)  # never subscribes
+        admin = clients.admin(self.settings)
+        offsets = clients.consumer(self.settings, self.group)  # never subscribes
         stranded = groups.StrandedWatch(f"{self.config.instance}#",
                                         grace_s=3 * self.config.fleet_interval_s)
         try:

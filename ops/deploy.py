@@ -1,5 +1,5 @@
 """`tokenmill deploy systemd | compose | monitoring --out DIR`: the deployment
-files the package carries (`tokenmill/deploy/`), filled in from flags and
+files the package carries (`deploy/`, `docker/`), filled in from flags and
 settings.
 
 The values are worked out by small pure functions (one per file set) and
@@ -21,7 +21,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from tokenmill import deploy_files, kraft
+from tokenmill import deploy_files
+from tokenmill.kafka import kraft
 from tokenmill.commandline import service_command
 from tokenmill.deploy_files import RenderedFile
 from tokenmill.flag_types import HEAP, PORT, RUN_ID, FiniteFloat
@@ -101,25 +102,25 @@ def systemd_files(plan: SystemdPlan, settings: Settings) -> list[RenderedFile]:
     }
     units = ["sglang@.service", "tokenmill-consume@.service", "tokenmill-sink@.service",
              "tokenmill-gpus.target"]
-    files = [RenderedFile(f"systemd/{unit}", deploy_files.render_file(f"systemd/{unit}", values))
+    files = [RenderedFile(f"systemd/{unit}", deploy_files.render_file(f"deploy/systemd/{unit}", values))
              for unit in units]
     files.append(RenderedFile("etc/tokenmill.env",
-                              deploy_files.render_file("systemd/tokenmill.env", values), 0o600))
+                              deploy_files.render_file("deploy/systemd/tokenmill.env", values), 0o600))
     files.append(RenderedFile("etc/sglang.env",
-                              deploy_files.render_file("systemd/sglang.env", values)))
+                              deploy_files.render_file("deploy/systemd/sglang.env", values)))
     files.append(RenderedFile(f"etc/sink-{plan.run}.env",
-                              deploy_files.render_file("systemd/sink.env", values)))
+                              deploy_files.render_file("deploy/systemd/sink.env", values)))
     for gpu in range(plan.gpus):
         files.append(RenderedFile(f"etc/gpu-{gpu}.env", deploy_files.render_file(
-            "systemd/gpu.env", {"gpu": gpu, "sglang_port": plan.sglang_port + gpu,
+            "deploy/systemd/gpu.env", {"gpu": gpu, "sglang_port": plan.sglang_port + gpu,
                                 "metrics_port": plan.metrics_port + gpu})))
     if plan.kafka_hosts:
         nodes = kafka_nodes(plan.kafka_hosts)
         files.append(RenderedFile("systemd/tokenmill-kafka.service", deploy_files.render_file(
-            "systemd/tokenmill-kafka.service", values)))
-        files.append(RenderedFile("kafka/pom.xml", deploy_files.read_text("kafka/pom.xml")))
+            "deploy/systemd/tokenmill-kafka.service", values)))
+        files.append(RenderedFile("kafka/pom.xml", deploy_files.read_text("deploy/kafka/pom.xml")))
         files.append(RenderedFile("kafka/log4j2.properties",
-                                  deploy_files.read_text("kafka/log4j2.properties")))
+                                  deploy_files.read_text("deploy/kafka/log4j2.properties")))
         for node in nodes:
             files.append(RenderedFile(f"kafka/{node.host}/server.properties", kraft.server_properties(
                 nodes, node, data_dir="/var/lib/kafka/data", cluster_id=plan.cluster_id,
@@ -132,10 +133,10 @@ def monitoring_files() -> list[RenderedFile]:
     shipped (they take no values: Prometheus and Grafana fill in their own)."""
     return [RenderedFile(f"{folder}/{file.path}", file.text)
             for folder in ("prometheus", "grafana")
-            for file in deploy_files.folder_files(folder, {})]
+            for file in deploy_files.folder_files(f"deploy/{folder}", {})]
 
 
-# The images `tokenmill dev images` builds (tokenmill/devstack/images.py).
+# The images `tokenmill dev images` builds (devstack/images.py).
 DEFAULT_KAFKA_IMAGE = "localhost/tokenmill-kafka:local"
 DEFAULT_S3_IMAGE = "localhost/tokenmill-s3:local"
 
@@ -169,7 +170,7 @@ def compose_files(*, run: str, gpus: int, time_scale: float, requirement: str, i
               "cluster_id": cluster_id, "kafka_environment": kafka_env,
               "gpu_services": gpu_services, "kafka_image": kafka_image, "s3_image": s3_image}
     return [RenderedFile("compose.yaml", deploy_files.render_file("docker/compose.yaml", values)),
-            RenderedFile("Dockerfile", deploy_files.render_file("docker/Dockerfile", values))]
+            RenderedFile("Dockerfile", deploy_files.dockerfile(requirement))]
 
 
 def package_version() -> str:

@@ -37,7 +37,7 @@ from producer.spool import ID_BYTES, SpoolWriter
 from schemas import Origin, PromptRecord, RunSpec
 from schemas.dlq import HEADER_REASON
 from schemas.run import DLQ_REASONS
-from tokenmill import committed, topics
+from tokenmill.kafka import committed, topics
 from tokenmill.log import get_logger
 from tokenmill.progress import read_run_progress
 from tokenmill.progress_bars import progress_bars

@@ -15,7 +15,8 @@ import msgspec
 
 from schemas import Origin, RunSpec
 from schemas.progress import ProducerCheckpoint, producer_key
-from tokenmill import kafka_clients, progress, topics
+from tokenmill import progress
+from tokenmill.kafka import clients, topics
 from tokenmill.registry import RunRegistry, source_prompts_topic
 from tokenmill.settings import Settings
 
@@ -62,7 +63,7 @@ def create_replay(settings: Settings, parent_id: str, run_id: str, generation: d
     mine = progress.read_producer_checkpoint(settings, run_id)
     if mine is None:
         inherited = msgspec.structs.replace(checkpoint, run=run_id)
-        producer = kafka_clients.producer(settings)
+        producer = clients.producer(settings)
         producer.produce(topics.progress_topic(run_id), key=producer_key(run_id).encode(),
                          value=msgspec.json.encode(inherited))
         if producer.flush(settings.connect_timeout_s):

@@ -17,8 +17,8 @@ import msgspec
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from schemas import CompletionRecord, decode_completion
-from tokenmill import kafka_clients, topics
-from tokenmill.committed import READER_CONFIG, last_stable_offsets, start_offsets
+from tokenmill.kafka import clients, topics
+from tokenmill.kafka.committed import READER_CONFIG, last_stable_offsets, start_offsets
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 
@@ -121,7 +121,7 @@ def _read_round(consumer: Consumer, topic: str, spans: list[Span],
 def read_sample(settings: Settings, run_id: str, n: int, chunks: int = 4) -> list[Picked]:
     """Up to n committed records, spread evenly (see `plan_sample`)."""
     topic = topics.completions_topic(run_id)
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     metadata = admin.list_topics(topic, timeout=settings.connect_timeout_s)
     described = metadata.topics.get(topic)
     if described is None or described.error is not None or not described.partitions:
@@ -135,7 +135,7 @@ def read_sample(settings: Settings, run_id: str, n: int, chunks: int = 4) -> lis
     for span in spans:  # the i-th span of every partition is read in round i
         index = seen[span.partition] = seen.get(span.partition, -1) + 1
         rounds.setdefault(index, []).append(span)
-    consumer = kafka_clients.consumer(settings, f"tokenmill.{run_id}.spot-check",
+    consumer = clients.consumer(settings, f"tokenmill.{run_id}.spot-check",
                                       READER_CONFIG)
     deadline = time.monotonic() + SAMPLE_TIMEOUT_S
     found: list[Picked] = []
@@ -153,7 +153,7 @@ def pick(settings: Settings, run_id: str, n: int, keep: Callable[[CompletionReco
     """Up to n records that `keep` accepts, from randomly ordered partitions,
     scanning at most `scan_limit` records."""
     topic = topics.completions_topic(run_id)
-    consumer = kafka_clients.consumer(settings, f"tokenmill.{run_id}.spot-check",
+    consumer = clients.consumer(settings, f"tokenmill.{run_id}.spot-check",
                                       {"enable.partition.eof": True})
     found: list[Picked] = []
     try:

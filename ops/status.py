@@ -27,10 +27,10 @@ from rich.text import Text
 from consumer.fleet import worker_of
 from ops.dataset.coverage import coverage_line, lineage_coverage
 from schemas import RunSpec
-from tokenmill import groups, kafka_clients, topics
+from tokenmill.kafka import clients, groups, topics
 from tokenmill.commandline import service_command
 from tokenmill.flag_types import RUN_ID, seconds
-from tokenmill.groups import GroupState
+from tokenmill.kafka.groups import GroupState
 from ops.status_report import to_report
 from ops.health import Health, Thresholds, assess, is_live, live_rates
 from schemas.progress import ServerSnapshot
@@ -407,7 +407,7 @@ def render_group(group: dict[str, Any]) -> Table:
 
 def read_group(settings: Settings, spec: RunSpec) -> GroupState | None:
     try:
-        return groups.describe(kafka_clients.admin(settings), topics.generate_group(spec.run_id),
+        return groups.describe(clients.admin(settings), topics.generate_group(spec.run_id),
                                source_prompts_topic(spec), settings.connect_timeout_s)
     except KafkaException:
         return None

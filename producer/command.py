@@ -27,7 +27,7 @@ from tokenmill.commandline import register_known_error, service_command
 from tokenmill.flag_types import RUN_ID, FiniteFloat, TopK
 from tokenmill.forecast.estimate import PlanMismatch, input_differences, run_estimate
 from tokenmill.forecast.table import forecast
-from tokenmill.kafka_clients import wait_for_broker
+from tokenmill.kafka.clients import wait_for_broker
 from tokenmill.settings import Settings, writable_state_dir
 from tokenmill.tool_results import HookUnavailable, load_hook
 

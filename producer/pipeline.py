@@ -30,7 +30,7 @@ from producer.rejects import RejectsFile
 from producer.spool import SpoolWriter
 from producer.summary import Summary, print_summary
 from schemas.run import RunSpec
-from tokenmill import topics
+from tokenmill.kafka import topics
 from tokenmill.log import get_logger
 from tokenmill.progress_bars import progress_bars
 from tokenmill.registry import RunRegistry

@@ -14,7 +14,7 @@ record must carry the id this run's publish order puts at its seq; otherwise
 the order changed (say, a different tokenmill version normalizes differently)
 and resuming would duplicate prompts, so the producer refuses.
 
-The transaction protocol is the shared one (tokenmill/transactions.py); the
+The transaction protocol is the shared one (tokenmill/kafka/transactions.py); the
 records of a transaction are produced straight into it for speed.
 """
 
@@ -35,11 +35,11 @@ from producer.mixing import partition_sizes, publish_order
 from producer.records import finish_line
 from producer.spool import SpoolReader, bucket_path
 from schemas.progress import ProducerCheckpoint, producer_key
-from tokenmill import kafka_clients, topics
+from tokenmill.kafka import clients, topics
 from tokenmill.log import get_logger
 from tokenmill.progress import ensure_topic, read_producer_checkpoint
 from tokenmill.settings import Settings
-from tokenmill.transactions import KafkaFatal, TransactionAborted, Transactions
+from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 
 log = get_logger("tokenmill.producer")
 
@@ -115,9 +115,9 @@ class Publisher:
     def fence(self) -> None:
         """Become the only producer of this run; aborts a dead predecessor's
         open transaction so committed reads are not held back by it."""
-        kafka_clients.check_broker(self._settings)
+        clients.check_broker(self._settings)
         ensure_topic(self._settings, self._run)
-        self._producer = kafka_clients.transactional_producer(
+        self._producer = clients.transactional_producer(
             self._settings, transactional_id(self._run), PRODUCER_CONFIG)
         try:
             self._producer.init_transactions(TXN_TIMEOUT_S)
@@ -288,7 +288,7 @@ def last_records(settings: Settings, topic: str, partitions: int,
     Reads `read_committed` backwards in growing windows from the end: aborted
     records and transaction markers sit between committed ones, so the last
     record is not at a known offset."""
-    consumer = kafka_clients.consumer(settings, f"{topic}.tail-reader")
+    consumer = clients.consumer(settings, f"{topic}.tail-reader")
     found: dict[int, tuple[str, int]] = {}
     try:
         ends = {p: (low, high)
@@ -328,7 +328,7 @@ def last_records(settings: Settings, topic: str, partitions: int,
 def _watermarks(settings: Settings, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
     """(low, high) of every partition in two batched requests. A just-created
     topic may not have its leaders yet: retry briefly."""
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     deadline = time.monotonic() + max(settings.connect_timeout_s, 10.0)
     while True:
         try:

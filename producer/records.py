@@ -14,7 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from schemas.prompt import PromptRecord
-from tokenmill.topics import MAX_MESSAGE_BYTES
+from tokenmill.kafka.topics import MAX_MESSAGE_BYTES
 
 _encoder = msgspec.json.Encoder()
 _SUFFIX = b',"seq":0,"v":1}'

@@ -12,7 +12,7 @@ One job per module:
 - `counters`: the cumulative `SinkProgress` counters (pure);
 - `dlq`: dead-letter records and their headers (pure);
 - `s3_writer`: boto3 uploads, multipart, retries, conditional writes;
-- `committer`: what a flush transaction holds (the protocol is tokenmill/transactions.py);
+- `committer`: what a flush transaction holds (the protocol is tokenmill/kafka/transactions.py);
 - `metrics`: Prometheus metrics on a private registry;
 - `config`: the resolved settings of one instance; `errors`: the exceptions;
 - `service`: the consumer loop that ties them together;

@@ -13,12 +13,12 @@ from sink.config import parse_size, resolve
 from sink.errors import SinkError
 from sink.s3_writer import wait_for_bucket
 from sink.service import SinkService, tune_gc
-from tokenmill import kafka_clients
+from tokenmill.kafka import clients
 from tokenmill.commandline import exit_now, register_known_error, service_command
 from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from tokenmill.transactions import KafkaFatal
+from tokenmill.kafka.transactions import KafkaFatal
 
 register_known_error(SinkError, KafkaFatal)
 
@@ -82,7 +82,7 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
     rest to the run's dead-letter topic, exactly once.
 
     At start it waits for Kafka and S3 (up to --startup-timeout-s)."""
-    kafka_clients.wait_for_broker(settings)
+    clients.wait_for_broker(settings)
     spec = RunRegistry(settings).get(run_id)
     config = resolve(
         settings, spec, instance=instance, compression=compression,  # type: ignore[arg-type]

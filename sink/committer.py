@@ -1,5 +1,5 @@
 """What a flush transaction holds (the protocol itself is the shared one,
-tokenmill/transactions.py): for every batch of the round its DLQ records,
+tokenmill/kafka/transactions.py): for every batch of the round its DLQ records,
 this instance's cumulative `SinkProgress` record, and the input offsets (the
 offset after each batch's last record, never a count), sent with a fresh
 `consumer_group_metadata()` so a sink that lost its partitions is fenced by
@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 
 from schemas import SinkProgress, encode_record
 from sink.batcher import Batch
-from tokenmill.transactions import GroupOffsets, Transactions
+from tokenmill.kafka.transactions import GroupOffsets, Transactions
 
 
 class Committer:

@@ -12,8 +12,8 @@ from sink.batcher import BatchLimits
 from sink.errors import SinkError
 from sink.object_keys import Compression, normalize_prefix
 from sink.s3_writer import is_local_endpoint
-from tokenmill import topics
-from tokenmill.groups import GroupProtocol
+from tokenmill.kafka import topics
+from tokenmill.kafka.groups import GroupProtocol
 from tokenmill.settings import Settings
 
 

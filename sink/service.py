@@ -53,11 +53,11 @@ from sink.errors import InvalidRecord, ObjectConflict, S3Failed
 from sink.metrics import SinkMetrics
 from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, Uploaded, make_client
-from tokenmill import groups, kafka_clients, topics
+from tokenmill.kafka import clients, groups, topics
 from tokenmill import progress as run_progress
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
-from tokenmill.transactions import KafkaFatal, TransactionAborted, Transactions
+from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.sink")
@@ -151,7 +151,7 @@ class SinkService:
         """Run until stopped, or until the run is persisted with `until_done`.
         Returns the exit code."""
         config = self.config
-        kafka_clients.check_broker(self.settings)
+        clients.check_broker(self.settings)
         client = self._s3_client or make_client(
             endpoint_url=self.settings.s3_endpoint_url, region=self.settings.s3_region,
             max_pool=max(10, config.upload_concurrency * 4))
@@ -160,7 +160,7 @@ class SinkService:
                             conditional_writes=config.conditional_writes)
         self._s3.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
 
-        producer = kafka_clients.transactional_producer(self.settings, config.transactional_id)
+        producer = clients.transactional_producer(self.settings, config.transactional_id)
         self.watchdog.start()
         try:
             self._serve(producer)
@@ -187,9 +187,9 @@ class SinkService:
                                        run_progress.read_one(self.settings, key))
         group = topics.sink_group(config.run)
         if config.group_protocol == "consumer" and config.session_timeout_s:
-            groups.set_session_timeout(kafka_clients.admin(self.settings), group,
+            groups.set_session_timeout(clients.admin(self.settings), group,
                                        config.session_timeout_s, self.settings.connect_timeout_s)
-        consumer = self._consumer = kafka_clients.consumer(
+        consumer = self._consumer = clients.consumer(
             self.settings, group, {
                 **groups.member_config(config.group_protocol,
                                        client_id=f"{config.instance}#0",
@@ -643,11 +643,11 @@ class SinkService:
 
     def _repair_stranded(self) -> None:
         """Classic protocol: partitions owned by no member of a stable group
-        are taken back by one member rejoining (tokenmill/groups.py)."""
+        are taken back by one member rejoining (tokenmill/kafka/groups.py)."""
         if self.config.group_protocol != "classic":
             return
         try:
-            state = groups.describe(kafka_clients.admin(self.settings),
+            state = groups.describe(clients.admin(self.settings),
                                     topics.sink_group(self.config.run), self.topic, 5.0)
         except KafkaException as exc:
             log.debug("group description unavailable", error=str(exc))

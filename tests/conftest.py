@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill.devstack.private import PrivateStack
+from devstack.private import PrivateStack
 from tokenmill.settings import Settings
 
 
@@ -63,7 +63,7 @@ def _from_containers(tmp: Path) -> Iterator[Services]:
 
 
 def _from_native(tmp: Path) -> Iterator[Services]:
-    from tokenmill.devstack import s3_server, stack
+    from devstack import s3_server, stack
 
     state, _ = stack.up(stack.StackPlan.on_free_ports(tmp, kafka_heap="768m"))
     try:

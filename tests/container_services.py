@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ops.deploy import kafka_image_environment
-from tokenmill import kraft
-from tokenmill.devstack import container_engine, images
-from tokenmill.devstack.processes import free_port
+from tokenmill.kafka import kraft
+from devstack import container_engine, images
+from devstack.processes import free_port
 
 START_TIMEOUT_S = 240.0
 CONTROLLER_PORT = 9093

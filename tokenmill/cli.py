@@ -14,9 +14,9 @@ import click
 
 # name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
-    "dev": "tokenmill.devstack.command:dev",
+    "dev": "devstack.command:dev",
     "runs": "ops.runs:runs",
-    "sim-sglang": "tokenmill.simulator.command:sim_sglang",
+    "sim-sglang": "sglang_sim.command:sim_sglang",
     "produce": "producer.command:produce",
     "consume": "consumer.command:consume",
     "sink": "sink.command:sink",
@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "dataset": "ops.dataset.command:dataset",
     "export": "ops.export.command:export",
     "plan": "ops.plan.command:plan",
-    "demo": "tokenmill.demo:demo",
+    "demo": "devstack.demo:demo",
     "deploy": "ops.deploy:deploy",
 }
 

@@ -23,20 +23,18 @@ _known: list[type[BaseException]] = [SettingsError]
 
 
 def register_known_error(*types: type[BaseException]) -> None:
-    _known.extend(types)
+    """Commands above the plumbing (the dev stack, say) register their own."""
+    _known.extend(t for t in types if t not in _known)
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
     # Imported lazily so the CLI does not pay for every service at start-up.
-    from tokenmill.devstack.kafka_broker import BrokerSetupError
-    from tokenmill.devstack.processes import PortInUse
-    from tokenmill.devstack.stack import StackError
-    from tokenmill.kafka_clients import BrokerUnreachable
+    from tokenmill.kafka.clients import BrokerUnreachable
     from tokenmill.registry import RunConflict, UnknownRun
     from tokenmill.startup import DependencyDown
 
-    return (BrokerUnreachable, DependencyDown, RunConflict, UnknownRun, PortInUse, StackError,
-            BrokerSetupError, FileNotFoundError, *_known)
+    return (BrokerUnreachable, DependencyDown, RunConflict, UnknownRun, FileNotFoundError,
+            *_known)
 
 
 def finish_now(code: int = 0) -> NoReturn:

@@ -1,14 +1,18 @@
-"""The files tokenmill carries in `tokenmill/deploy/` (Kafka's Maven file and
-broker config, systemd units, container files): read from the installed
-package and filled in.
+"""The files tokenmill carries in `deploy/` (Kafka's Maven file and broker
+config, systemd units, monitoring) and `docker/` (container files): read from
+the installed package or the source checkout, and filled in.
 
-They are read through importlib.resources, so `tokenmill dev up`, `demo` and
-`deploy` work from a wheel in any directory, not only from a source checkout.
+In a checkout they are the repository's top-level `deploy/` and `docker/`;
+a wheel carries them inside the package (`tokenmill/deploy/`,
+`tokenmill/docker/`, pyproject's package-dir mapping). They are read through
+importlib.resources, so `tokenmill dev up`, `demo` and `deploy` work from a
+wheel in any directory, not only from a source checkout.
 A file marks what it needs with `@name@` placeholders (a syntax that systemd,
 compose, shell and Grafana templates leave alone); rendering refuses a
 placeholder without a value, so no file is written half filled in. A new
-folder (say `prometheus/`) ships as soon as it is there (pyproject's package
-data takes `deploy/**`), and `folder_files` renders all of it.
+folder (say `deploy/prometheus/`) ships as soon as it is there (pyproject's
+package data takes `deploy/**` and `docker/**`), and `folder_files` renders
+all of it. Paths name the top folder: `deploy/kafka/pom.xml`, `docker/Dockerfile`.
 """
 
 from __future__ import annotations
@@ -36,27 +40,41 @@ class RenderedFile:
     mode: int = 0o644
 
 
+SHIPPED = ("deploy", "docker")
+
+
 def root() -> Traversable:
-    return importlib.resources.files("tokenmill") / "deploy"
+    """The folder that holds `deploy/` and `docker/`: the installed package
+    (a wheel), else the source checkout the package is imported from."""
+    package = importlib.resources.files("tokenmill")
+    if package.joinpath("deploy").is_dir():
+        return package
+    checkout: Traversable = Path(__file__).resolve().parents[1]  # type: ignore[assignment]
+    return checkout
+
+
+def _shipped(path: str) -> bool:
+    return path.split("/", 1)[0] in SHIPPED
 
 
 def _resource(path: str) -> Traversable:
     resource = root().joinpath(*path.split("/"))
-    if not resource.is_file():
-        raise FileNotFoundError(f"tokenmill/deploy/{path} is not among the files tokenmill ships")
+    if not _shipped(path) or not resource.is_file():
+        raise FileNotFoundError(f"{path} is not among the files tokenmill ships")
     return resource
 
 
 def read_text(path: str) -> str:
-    """A shipped file's text, `path` relative to `tokenmill/deploy/`."""
+    """A shipped file's text, `path` such as `deploy/kafka/pom.xml`."""
     return _resource(path).read_text(encoding="utf-8")
 
 
 def files_in(folder: str) -> list[str]:
-    """Every shipped file under `folder`, as paths relative to `tokenmill/deploy/`."""
+    """Every shipped file under `folder` (`deploy/systemd`, `docker`), as paths
+    such as `deploy/systemd/sglang.env`."""
     start = root().joinpath(*folder.split("/"))
-    if not start.is_dir():
-        raise FileNotFoundError(f"tokenmill/deploy/{folder} is not among the folders tokenmill ships")
+    if not _shipped(folder) or not start.is_dir():
+        raise FileNotFoundError(f"{folder} is not among the folders tokenmill ships")
     found: list[str] = []
     pending: list[tuple[str, Traversable]] = [(folder, start)]
     while pending:
@@ -84,7 +102,13 @@ def render(text: str, values: Mapping[str, object], *, source: str = "template")
 
 
 def render_file(path: str, values: Mapping[str, object]) -> str:
-    return render(read_text(path), values, source=f"tokenmill/deploy/{path}")
+    return render(read_text(path), values, source=path)
+
+
+def dockerfile(requirement: str) -> str:
+    """The tokenmill image's Dockerfile; `requirement` is what pip installs
+    (a wheel's path in the build context, or a package spec)."""
+    return render_file("docker/Dockerfile", {"requirement": requirement})
 
 
 def folder_files(folder: str, values: Mapping[str, object]) -> list[RenderedFile]:

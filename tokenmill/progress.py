@@ -17,7 +17,7 @@ from schemas.progress import (
     decode_progress,
     producer_key,
 )
-from tokenmill import compacted, kafka_clients, topics
+from tokenmill.kafka import clients, compacted, topics
 from tokenmill.settings import Settings
 
 # How long a look at the run waits for open transactions (members commit
@@ -77,8 +77,8 @@ class RunProgress:
 
 
 def ensure_topic(settings: Settings, run_id: str) -> None:
-    kafka_clients.ensure_topics(
-        kafka_clients.admin(settings), {topics.progress_topic(run_id): 1},
+    clients.ensure_topics(
+        clients.admin(settings), {topics.progress_topic(run_id): 1},
         topics.COMPACTED_TOPIC_CONFIG,
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from schemas.run import RunSpec
-from tokenmill import compacted, kafka_clients, topics
+from tokenmill.kafka import clients, compacted, topics
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 
@@ -51,10 +51,10 @@ class RunRegistry:
 
     def _ensure_topic(self) -> None:
         if not self._checked:
-            kafka_clients.check_broker(self._settings)
+            clients.check_broker(self._settings)
             self._checked = True
-        kafka_clients.ensure_topics(
-            kafka_clients.admin(self._settings),
+        clients.ensure_topics(
+            clients.admin(self._settings),
             {topics.RUNS_TOPIC: 1},
             topics.COMPACTED_TOPIC_CONFIG,
         )
@@ -88,7 +88,7 @@ class RunRegistry:
                 f"run {spec.run_id!r} already exists with different settings "
                 f"({'; '.join(changes)}); a run spec never changes: use a new run id"
             )
-        producer = kafka_clients.producer(self._settings)
+        producer = clients.producer(self._settings)
         errors: list[str] = []
 
         def on_delivery(err: object, _msg: object) -> None:
@@ -116,9 +116,9 @@ class RunRegistry:
             wanted[topics.prompts_topic(spec.run_id)] = spec.partitions
         if spec.multi_turn == "regenerate-turns":
             wanted[topics.turns_topic(spec.run_id)] = spec.partitions
-        admin = kafka_clients.admin(self._settings)
-        kafka_clients.ensure_topics(admin, wanted, topics.RUN_TOPIC_CONFIG)
-        kafka_clients.ensure_topics(admin, {topics.progress_topic(spec.run_id): 1},
+        admin = clients.admin(self._settings)
+        clients.ensure_topics(admin, wanted, topics.RUN_TOPIC_CONFIG)
+        clients.ensure_topics(admin, {topics.progress_topic(spec.run_id): 1},
                                     topics.COMPACTED_TOPIC_CONFIG)
         return written
 

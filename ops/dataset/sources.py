@@ -14,7 +14,7 @@ from ops.dataset.lineage import LineageError, kind_of, lineage
 from schemas import RunSpec
 from schemas.dlq import HEADER_REASON
 from sink.object_keys import normalize_prefix
-from tokenmill import committed, topics
+from tokenmill.kafka import committed, topics
 from tokenmill.progress import RunProgress, read_run_progress
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings

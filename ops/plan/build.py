@@ -30,7 +30,7 @@ from tokenmill.forecast import makespan
 from tokenmill.forecast.estimate import predict
 from tokenmill.forecast.lengths import LengthDistribution
 from tokenmill.forecast.throughput import recommended_concurrency, tokens_per_s
-from tokenmill.simulator import tokens as token_rule
+from sglang_sim import tokens as token_rule
 
 _encoder = msgspec.json.Encoder()
 

@@ -19,10 +19,11 @@ from confluent_kafka import Producer
 from schemas import GenerationSettings, Message, PromptRecord, RunSpec, decode_completion
 from schemas.progress import ProducerCheckpoint, producer_key
 from tests.kafka_helpers import read_all
-from tokenmill import progress, topics
+from tokenmill import progress
+from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig
+from sglang_sim import SimulatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

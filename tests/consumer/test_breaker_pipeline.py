@@ -31,8 +31,8 @@ from tests.consumer.pipeline import (
     publish,
     wait_until,
 )
-from tokenmill.devstack.processes import free_port
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from devstack.processes import free_port
+from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

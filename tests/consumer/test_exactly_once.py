@@ -13,7 +13,7 @@ from tests.consumer.pipeline import (
     make_prompts,
     publish,
 )
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

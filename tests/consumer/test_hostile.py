@@ -19,8 +19,8 @@ from tests.consumer.pipeline import (
     publish,
 )
 from tests.sink.sink_helpers import dlq_records, run_sink_in_process, s3_ids
-from tokenmill import topics
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from tokenmill.kafka import topics
+from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

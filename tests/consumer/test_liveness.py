@@ -21,8 +21,8 @@ from tests.consumer.pipeline import (
     wait_until,
 )
 from tests.kafka_helpers import read_all
-from tokenmill import groups, kafka_clients, topics
-from tokenmill.simulator import running_simulator
+from tokenmill.kafka import clients, groups, topics
+from sglang_sim import running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -121,7 +121,7 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
     spec = create_run(settings, run_id, partitions=4)
     prompts = make_prompts(run_id, 1500)
     publish(settings, spec, prompts)
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     group, topic = topics.generate_group(run_id), topics.prompts_topic(run_id)
 
     def owners() -> set[str]:

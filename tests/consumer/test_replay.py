@@ -16,7 +16,7 @@ from tests.consumer.pipeline import (
 )
 from tokenmill.cli import cli
 from tokenmill.registry import RunRegistry
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker]
 

@@ -26,9 +26,9 @@ from tests.consumer.pipeline import (
     wait_until,
 )
 from tests.kafka_helpers import read_all
-from tokenmill import kafka_clients, topics
-from tokenmill.devstack.processes import free_port
-from tokenmill.simulator import SimulatorConfig, SimulatorProcess, running_simulator
+from tokenmill.kafka import clients, topics
+from devstack.processes import free_port
+from sglang_sim import SimulatorConfig, SimulatorProcess, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -77,7 +77,7 @@ def test_kill_9_and_restart_repeatedly(settings, run_id, tmp_path) -> None:
     publish(settings, spec, prompts)
     concurrency = 24
     admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
-    offsets = kafka_clients.admin(settings)
+    offsets = clients.admin(settings)
     topic = topics.completions_topic(run_id)
     victim_txn = topics.transactional_id(run_id, "consumer", "victim")
     with running_simulator(SLOWER) as url:

@@ -14,7 +14,7 @@ from consumer.sglang_client import (
     request_body,
 )
 from schemas import GenerationSettings, Message, PromptRecord
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from sglang_sim import SimulatorConfig, running_simulator
 
 PROMPT = PromptRecord(id="abc", run="r", messages=(Message(role="system", content="be brief"),
                                                    Message(role="user", content="hi")),
@@ -125,7 +125,7 @@ async def test_against_the_simulator() -> None:
 
 
 async def test_side_endpoints_of_a_dead_server_answer_none() -> None:
-    from tokenmill.devstack.processes import free_port
+    from devstack.processes import free_port
 
     async with SGLangClient(f"http://127.0.0.1:{free_port()}") as client:
         assert await client.healthy() is False

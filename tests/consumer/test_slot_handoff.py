@@ -20,7 +20,7 @@ from consumer.membership import Slot
 from consumer.worker import Worker, WorkerConfig
 from schemas import GenerationSettings, RunSpec
 from tests.consumer.pipeline import make_prompts
-from tokenmill import topics
+from tokenmill.kafka import topics
 from tokenmill.settings import Settings
 
 RUN = "tslothandoff1"

@@ -13,10 +13,10 @@ from confluent_kafka import Producer
 from schemas import Message, PromptRecord
 from tests.consumer.pipeline import ConsumerProcess, create_run, make_prompts, publish
 from tests.sink.sink_helpers import create_bucket, run_sink_in_process, s3_objects
-from tokenmill import topics
+from tokenmill.kafka import topics
 from tokenmill.cli import cli
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker]
 

@@ -35,8 +35,8 @@ from tests.sink.sink_helpers import (
 from tests.sink.sink_helpers import (
     create_run as create_sink_run,
 )
-from tokenmill import groups, kafka_clients, topics
-from tokenmill.simulator import SimulatorConfig, running_simulator
+from tokenmill.kafka import clients, groups, topics
+from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -48,14 +48,14 @@ SLOW = SimulatorConfig(decode_rate=60.0, length_median=80, length_sigma=0.3, len
 
 
 def _members(settings, group: str, topic: str) -> groups.GroupState:
-    return groups.describe(kafka_clients.admin(settings), group, topic)
+    return groups.describe(clients.admin(settings), group, topic)
 
 
 def _owned_by_live(settings, group: str, topic: str, partitions: int,
                    dead_members: set[str]) -> bool:
     """Every partition owned by a member that is not one of the killed
     incarnation's (member ids, not client ids: the restart reuses those)."""
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
     owned = {tp.partition for m in described.members if m.member_id not in dead_members
              for tp in m.assignment.topic_partitions if tp.topic == topic}
@@ -63,7 +63,7 @@ def _owned_by_live(settings, group: str, topic: str, partitions: int,
 
 
 def _member_ids(settings, group: str, prefix: str) -> set[str]:
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
     return {m.member_id for m in described.members if (m.client_id or "").startswith(prefix)}
 

@@ -26,10 +26,10 @@ import zstandard
 
 from tests.e2e.test_pipeline import Service, write_dataset
 from tests.kafka_helpers import read_all
-from tokenmill.devstack.processes import free_port
+from devstack.processes import free_port
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

@@ -28,7 +28,7 @@ from schemas.dlq import HEADER_REASON
 from schemas.progress import ProducerCheckpoint, SinkProgress, producer_key, sink_key
 from tests.consumer.pipeline import create_run
 from tests.kafka_helpers import read_all
-from tokenmill import topics
+from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 
 pytestmark = [pytest.mark.broker]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import container_services
-from tokenmill.demo import SAMPLE_DIR, sample_files
+from devstack.demo import SAMPLE_DIR, sample_files
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(1200)]
 

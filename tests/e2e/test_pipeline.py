@@ -19,9 +19,9 @@ import pytest
 import zstandard
 
 from tests.kafka_helpers import read_all
-from tokenmill.devstack.processes import free_port
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from devstack.processes import free_port
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

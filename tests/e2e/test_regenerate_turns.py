@@ -34,9 +34,9 @@ from tests.dataset.test_lineage_e2e import generate
 from tests.e2e.test_pipeline import Service, cli, s3_keys
 from tests.kafka_helpers import read_all
 from tokenmill.conversation import transcript, user_turns
-from tokenmill.devstack.processes import free_port
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from devstack.processes import free_port
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

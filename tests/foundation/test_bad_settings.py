@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from schemas import GenerationSettings, RunSpec, S3Destination
-from tokenmill.devstack.processes import free_port
+from devstack.processes import free_port
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 

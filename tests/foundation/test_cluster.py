@@ -18,9 +18,9 @@ from kafka.admin import ConfigResource
 from kafka.errors import KafkaConnectionError
 
 from tests.kafka_helpers import read_all
-from tokenmill import kafka_clients
-from tokenmill.devstack import processes
-from tokenmill.devstack.private import PrivateStack
+from tokenmill.kafka import clients
+from devstack import processes
+from devstack.private import PrivateStack
 from tokenmill.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -86,7 +86,7 @@ def test_three_brokers_survive_a_kill_and_a_clean_stop(
         # A topic created the way tokenmill creates its run topics (the broker's
         # default replication factor) gets 3 replicas and min.insync.replicas 2.
         topic = f"t{uuid.uuid4().hex[:10]}.events"
-        kafka_clients.ensure_topics(kafka_clients.admin(Settings(bootstrap_servers=stack.bootstrap)),
+        clients.ensure_topics(clients.admin(Settings(bootstrap_servers=stack.bootstrap)),
                                     {topic: 4})
         partitions = _wait_isr(admin, topic, lambda isr: isr == {1, 2, 3})
         assert all(len(p["replica_nodes"]) == 3 for p in partitions)

@@ -1,4 +1,4 @@
-"""Reading a partition's committed records to its end (tokenmill/committed.py),
+"""Reading a partition's committed records to its end (tokenmill/kafka/committed.py),
 on the real broker. A restarted service takes its counters and checkpoints
 from such a read, so a read that stops short is a silent error: it hands
 back an older value. These tests pin the end exactly: aborted records and
@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tokenmill import compacted, kafka_clients
-from tokenmill.committed import READER_CONFIG, last_stable_offsets, read_partition
+from tokenmill.kafka import clients, compacted
+from tokenmill.kafka.committed import READER_CONFIG, last_stable_offsets, read_partition
 
 pytestmark = pytest.mark.broker
 
@@ -64,8 +64,8 @@ def test_a_broker_that_goes_quiet_mid_read_never_yields_a_short_read(private_sta
     topic = _topic(bootstrap)
     _write(bootstrap, topic, 50)
     settings = stack.settings()
-    end = last_stable_offsets(kafka_clients.admin(settings), topic, [0], 30)[0]
-    consumer = kafka_clients.consumer(settings, "committed-read-test", READER_CONFIG)
+    end = last_stable_offsets(clients.admin(settings), topic, [0], 30)[0]
+    consumer = clients.consumer(settings, "committed-read-test", READER_CONFIG)
     broker_pid = stack.broker(1).pid
     frozen_s = 8.0  # longer than any "no data for a while means the end" guess
     os.kill(broker_pid, signal.SIGSTOP)

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from kafka import KafkaAdminClient
 
-from tokenmill.devstack import processes
+from devstack import processes
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -5,7 +5,8 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource
 
 from schemas import GenerationSettings, RunSpec
-from tokenmill import progress, topics
+from tokenmill import progress
+from tokenmill.kafka import topics
 from tokenmill.registry import RunConflict, RunRegistry, UnknownRun, spec_differences
 
 pytestmark = pytest.mark.broker

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from consumer.health import wait_for_server
-from tokenmill.devstack.processes import free_port
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import running_simulator
+from devstack.processes import free_port
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import running_simulator
 from tokenmill.startup import (
     MAX_DELAY_S,
     MIN_DELAY_S,

@@ -89,7 +89,7 @@ def test_json_output_follows_the_published_schema() -> None:
 
 def test_group_summary_shows_members_shares_and_unowned_partitions() -> None:
     from ops.status import group_summary, render_group
-    from tokenmill.groups import GroupMember, GroupState
+    from tokenmill.kafka.groups import GroupMember, GroupState
 
     state = GroupState(stable=True, members=(
         GroupMember("gpu0#0", (0,)), GroupMember("gpu0#1", (1,)), GroupMember("gpu0#2", ()),
@@ -108,7 +108,7 @@ def test_group_summary_shows_members_shares_and_unowned_partitions() -> None:
 
 
 def test_group_summary_of_the_classic_protocol_and_a_stranded_partition() -> None:
-    from tokenmill.groups import GroupMember, GroupState, StrandedWatch
+    from tokenmill.kafka.groups import GroupMember, GroupState, StrandedWatch
 
     stable = GroupState(True, (GroupMember("a#0", (0,)), GroupMember("b#0", (1,))))
     watch_a, watch_b = StrandedWatch("a#", grace_s=10), StrandedWatch("b#", grace_s=10)

@@ -1,4 +1,4 @@
-"""The one transaction primitive (tokenmill/transactions.py): a failure at
+"""The one transaction primitive (tokenmill/kafka/transactions.py): a failure at
 every step aborts and leaves nothing visible; retriable failures are
 retried; a fenced producer ends as KafkaFatal; a zombie group member is
 fenced by its stale group metadata. Against the real broker; what is visible
@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from tests.kafka_helpers import committed_offsets, create_topic, read_all
-from tokenmill import kafka_clients
-from tokenmill.transactions import (
+from tokenmill.kafka import clients
+from tokenmill.kafka.transactions import (
     ABORT_ATTEMPTS,
     Backoff,
     GroupOffsets,
@@ -53,14 +53,14 @@ class FailAt(TransactionHooks):
 
 def _transactions(settings, hooks: TransactionHooks | None = None) -> Transactions:
     txn_id = f"test.{uuid.uuid4().hex[:8]}"
-    producer = kafka_clients.transactional_producer(settings, txn_id)
+    producer = clients.transactional_producer(settings, txn_id)
     producer.init_transactions(30)
     return Transactions(producer, transactional_id=txn_id, timeout_s=20,
                         hooks=hooks or TransactionHooks())
 
 
 def _group_consumer(settings, topic: str, group: str):
-    consumer = kafka_clients.consumer(settings, group, {"group.protocol": "consumer"})
+    consumer = clients.consumer(settings, group, {"group.protocol": "consumer"})
     consumer.subscribe([topic])
     deadline = time.monotonic() + 30
     while not consumer.assignment():
@@ -167,7 +167,7 @@ def test_a_fenced_producer_ends_as_kafka_fatal(settings) -> None:
     out = f"out.{uuid.uuid4().hex[:8]}"
     create_topic(settings.bootstrap_servers, out, 1)
     txns = _transactions(settings)
-    newer = kafka_clients.transactional_producer(settings, txns.transactional_id)
+    newer = clients.transactional_producer(settings, txns.transactional_id)
     newer.init_transactions(30)  # takes the transactional id over
     with pytest.raises(KafkaFatal, match="another process took over"):
         with txns.transaction() as txn:
@@ -230,7 +230,7 @@ def test_an_abort_that_outlasts_its_timeout_is_resumed_not_fatal(private_stack) 
     broker_pid = stack.broker(1).pid
     hooks = FreezeBrokerAt("produced", broker_pid, frozen_s=5.0)
     txn_id = f"test.{uuid.uuid4().hex[:8]}"
-    producer = kafka_clients.transactional_producer(settings, txn_id)
+    producer = clients.transactional_producer(settings, txn_id)
     producer.init_transactions(30)
     txns = Transactions(producer, transactional_id=txn_id, timeout_s=3, hooks=hooks)
     assert ABORT_ATTEMPTS * txns.timeout_s > hooks.frozen_s > txns.timeout_s

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from ops.deploy import kafka_image_environment
 from tests.container_services import kafka_environment
-from tokenmill import deploy_files, kraft
-from tokenmill.devstack import container_engine, images
+from tokenmill import deploy_files
+from tokenmill.kafka import kraft
+from devstack import container_engine, images
 
-ENTRYPOINT = deploy_files.root() / "images" / "kafka" / "kafka-entrypoint.py"
+ENTRYPOINT = deploy_files.root() / "docker" / "images" / "kafka" / "kafka-entrypoint.py"
 
 
 def _entrypoint():

@@ -160,7 +160,7 @@ def test_monitoring_writes_the_rules_config_and_dashboard_as_shipped(tmp_path: P
     assert written == ["grafana/tokenmill.json", "prometheus/alerts.yml",
                        "prometheus/prometheus.yml"]
     for path in written:
-        assert (tmp_path / "m" / path).read_text() == deploy_files.read_text(path)
+        assert (tmp_path / "m" / path).read_text() == deploy_files.read_text(f"deploy/{path}")
 
 
 def test_systemd_needs_a_bucket_and_a_run(tmp_path: Path) -> None:

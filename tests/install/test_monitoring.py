@@ -139,8 +139,8 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield f"variable {variable['name']}", label_values.group(1)
 
 
-ALERTS = deploy_files.read_text("prometheus/alerts.yml")
-DASHBOARD = json.loads(deploy_files.read_text("grafana/tokenmill.json"))
+ALERTS = deploy_files.read_text("deploy/prometheus/alerts.yml")
+DASHBOARD = json.loads(deploy_files.read_text("deploy/grafana/tokenmill.json"))
 EXPORTED = exported()
 
 
@@ -258,7 +258,7 @@ def test_dashboard_is_a_grafana_model_over_a_prometheus_datasource_variable() ->
 
 
 def test_example_prometheus_config_scrapes_the_jobs_the_alerts_name() -> None:
-    config = yaml.safe_load(deploy_files.read_text("prometheus/prometheus.yml"))
+    config = yaml.safe_load(deploy_files.read_text("deploy/prometheus/prometheus.yml"))
     assert config["rule_files"] == ["alerts.yml"]
     jobs = {job["job_name"] for job in config["scrape_configs"]}
     assert set(re.findall(r"[\w-]+", re.search(r'up\{job=~"([^"]+)"', ALERTS).group(1))) == jobs

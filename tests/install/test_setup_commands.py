@@ -69,7 +69,7 @@ def test_make_targets_check_then_create_install_and_run(tmp_path: Path, target: 
                                                         extra: str, last: str) -> None:
     venv = tmp_path / "venv"
     steps = _dry_run(target, venv)
-    assert steps[0].endswith("python3 -m tokenmill.devstack.prerequisites")
+    assert steps[0].endswith("python3 -m devstack.prerequisites")
     assert steps[1] == f"python3 -m venv {venv}"
     assert any("pip install" in step and f"-e '.[{extra}]'" in step for step in steps)
     assert " ".join(steps[-1].split()) == last.format(venv=venv)

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenmill import deploy_files, kraft
-from tokenmill.devstack import kafka_broker, prerequisites
+from tokenmill import deploy_files
+from tokenmill.kafka import kraft
+from devstack import kafka_broker, prerequisites
 
-PACKAGE_DEPLOY = Path(deploy_files.__file__).parent / "deploy"
+SHIPPED_ROOT = Path(deploy_files.__file__).resolve().parents[1]  # the checkout
 
 names = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
 
@@ -46,20 +47,21 @@ def test_systemd_and_email_like_text_is_not_a_placeholder() -> None:
 
 
 def test_every_file_in_the_package_folder_is_listed_and_readable() -> None:
-    on_disk = sorted(str(p.relative_to(PACKAGE_DEPLOY)) for p in PACKAGE_DEPLOY.rglob("*")
+    on_disk = sorted(str(p.relative_to(SHIPPED_ROOT)) for top in deploy_files.SHIPPED
+                     for p in (SHIPPED_ROOT / top).rglob("*")
                      if p.is_file() and "__pycache__" not in p.parts)
-    folders = ("kafka", "systemd", "docker", "images", "prometheus", "grafana")
+    folders = ("deploy/kafka", "deploy/systemd", "docker", "deploy/prometheus", "deploy/grafana")
     listed = [path for folder in folders for path in deploy_files.files_in(folder)]
     assert sorted(listed) == on_disk  # every folder is one of these
-    assert "kafka/pom.xml" in listed and "systemd/tokenmill-consume@.service" in listed
-    assert "prometheus/alerts.yml" in listed and "grafana/tokenmill.json" in listed
+    assert "deploy/kafka/pom.xml" in listed and "deploy/systemd/tokenmill-consume@.service" in listed
+    assert "deploy/prometheus/alerts.yml" in listed and "deploy/grafana/tokenmill.json" in listed
     for path in listed:
         assert deploy_files.read_text(path)
 
 
 def test_a_file_that_is_not_shipped_is_named() -> None:
-    with pytest.raises(FileNotFoundError, match="tokenmill/deploy/kafka/nope.xml"):
-        deploy_files.read_text("kafka/nope.xml")
+    with pytest.raises(FileNotFoundError, match="deploy/kafka/nope.xml"):
+        deploy_files.read_text("deploy/kafka/nope.xml")
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -163,7 +165,7 @@ def test_prerequisites_name_everything_missing_in_one_line(tmp_path: Path, java_
                                                            says: str) -> None:
     bin_dir = _fake_bin(tmp_path, java_version)
     result = subprocess.run(
-        [str(bin_dir / "python3"), "-m", "tokenmill.devstack.prerequisites"],
+        [str(bin_dir / "python3"), "-m", "devstack.prerequisites"],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
         env={"PATH": str(bin_dir), "TOKENMILL_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode == 1

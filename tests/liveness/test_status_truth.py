@@ -30,8 +30,8 @@ from tests.consumer.pipeline import (
 from tests.sink.sink_helpers import sink_env, start_sink
 from tokenmill.cli import cli
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker]
 

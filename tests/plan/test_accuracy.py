@@ -58,8 +58,8 @@ from tests.consumer.pipeline import (
 from tokenmill.forecast.estimate import run_estimate
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.alone]
 

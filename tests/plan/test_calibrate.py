@@ -17,8 +17,8 @@ from ops.plan.calibrate import Sweep, SweepResult, SweepStatus, level_durations
 from ops.plan.dataset import DatasetSample, read_sample
 from producer import synthetic
 from schemas.run import GenerationSettings
-from tokenmill.simulator import SimulatorConfig, running_simulator
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig, running_simulator
+from sglang_sim.runner import SimulatorProcess
 
 CANDIDATES = (256, 512, 1024)
 

@@ -22,14 +22,14 @@ from ops.plan.runner import public_url
 from schemas.plan import Plan, plan_decoder
 from schemas.run import Estimate, RunSpec
 from tokenmill.cli import cli
-from tokenmill.devstack.processes import free_port
+from devstack.processes import free_port
 from tokenmill.forecast.estimate import run_estimate
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from tokenmill.simulator import SimulatorConfig, running_simulator
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig, running_simulator
+from sglang_sim.runner import SimulatorProcess
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "tokenmill" / "data" / "sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "devstack" / "sample"
 FILES = [str(p) for p in sorted(SAMPLE_DIR.iterdir())]
 PROMPTS = 224  # what produce publishes from the bundled sample (3 rejected, 1 duplicate)
 

@@ -16,7 +16,7 @@ from producer.inputs import resolve
 from producer.rejects import RejectsFile
 from producer.spool import SpoolWriter
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "tokenmill" / "data" / "sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "devstack" / "sample"
 FILES = sorted(SAMPLE_DIR.iterdir())
 
 counts_strategy = st.lists(st.integers(min_value=0, max_value=5000), min_size=1, max_size=40)

@@ -18,7 +18,7 @@ from producer.pipeline import Outcome, ProduceOptions, run_producer
 from schemas.progress import producer_key
 from schemas.run import GenerationSettings, RunSpec, S3Destination
 from tests.kafka_helpers import read_all
-from tokenmill import topics
+from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 

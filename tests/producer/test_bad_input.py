@@ -11,7 +11,7 @@ import pytest
 
 from producer.errors import NothingToPublish
 from tests.producer.helpers import produce, prompts, run_cli, values
-from tokenmill import topics
+from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 
 pytestmark = pytest.mark.broker

@@ -23,7 +23,7 @@ from tests.producer.helpers import (
     prompts,
     run_cli,
 )
-from tokenmill import topics
+from tokenmill.kafka import topics
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.producer.helpers import produce
 from tokenmill.settings import Settings
 
-SAMPLE = Path(__file__).resolve().parents[2] / "tokenmill" / "data" / "sample"
+SAMPLE = Path(__file__).resolve().parents[2] / "devstack" / "sample"
 SCRIPT = SAMPLE.parent / "make_sample.py"
 
 

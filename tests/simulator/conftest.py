@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorThread
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorThread
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import urllib.error
 import pytest
 
 from tests.simulator.sim_helpers import chat, http, user
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess, running_simulator_process
-from tokenmill.simulator.server import CRASH_EXIT_CODE
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess, running_simulator_process
+from sglang_sim.server import CRASH_EXIT_CODE
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,21 +8,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmill.simulator import answers, tokens
-from tokenmill.simulator.capacity import decode_rate_each, prefill_seconds
-from tokenmill.simulator.command import sim_sglang
-from tokenmill.simulator.config import SimulatorConfig, to_cli_args
-from tokenmill.simulator.faults import (
+from sglang_sim import answers, tokens
+from sglang_sim.capacity import decode_rate_each, prefill_seconds
+from sglang_sim.command import sim_sglang
+from sglang_sim.config import SimulatorConfig, to_cli_args
+from sglang_sim.faults import (
     ContentFault,
     FaultInjector,
     Transient,
     content_fault,
     transient_fault,
 )
-from tokenmill.simulator.lengths import LengthModel
-from tokenmill.simulator.prompts import facts
-from tokenmill.simulator.protocol import REQUEST_DECODER
-from tokenmill.simulator.textgen import Corpus, corpus_for
+from sglang_sim.lengths import LengthModel
+from sglang_sim.prompts import facts
+from sglang_sim.protocol import REQUEST_DECODER
+from sglang_sim.textgen import Corpus, corpus_for
 
 CORPUS = corpus_for(32768)
 CFG = SimulatorConfig()

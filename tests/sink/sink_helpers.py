@@ -44,7 +44,7 @@ from schemas import (
 from schemas.messages import FunctionCall
 from schemas.progress import producer_key
 from tests.kafka_helpers import read_all
-from tokenmill import topics
+from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 

@@ -22,7 +22,7 @@ from tests.sink.sink_helpers import (
     run_sink_in_process,
     s3_ids,
 )
-from tokenmill import topics
+from tokenmill.kafka import topics
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3]
 

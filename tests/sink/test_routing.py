@@ -25,7 +25,7 @@ from tests.sink.sink_helpers import (
     run_sink_in_process,
     variant,
 )
-from tokenmill import topics
+from tokenmill.kafka import topics
 
 KINDS = ("failed", "length", "empty", "trivial", "missing_reasoning")
 

@@ -28,8 +28,8 @@ from tests.sink.sink_helpers import (
     s3_objects,
     variant,
 )
-from tokenmill import topics
-from tokenmill.devstack.processes import free_port
+from tokenmill.kafka import topics
+from devstack.processes import free_port
 from tokenmill.progress import read_run_progress
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3]

@@ -21,7 +21,7 @@ from tests.sink.sink_helpers import (
     wait,
     wait_for,
 )
-from tokenmill.devstack import processes, s3_server
+from devstack import processes, s3_server
 from tokenmill.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]

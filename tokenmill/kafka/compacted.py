@@ -31,7 +31,7 @@ from functools import partial
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tokenmill import committed, kafka_clients
+from tokenmill.kafka import clients, committed
 from tokenmill.settings import Settings
 
 READ_TIMEOUT_S = 60.0
@@ -54,7 +54,7 @@ def read_to_end(settings: Settings, topic: str, keep: Callable[[str], bool] | No
     then raises Unsettled, or with `stale_ok` reads what is decided so far.
     With `few_keys`, waits only when an undecided record has a kept key."""
     tp = TopicPartition(topic, 0)
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     undecided_matters = (partial(_has_key_between, settings, topic, keep=keep)
                          if few_keys and keep is not None else None)
     end = settled_end(admin, tp, settings.connect_timeout_s, settle_s=settle_s,
@@ -63,7 +63,7 @@ def read_to_end(settings: Settings, topic: str, keep: Callable[[str], bool] | No
     if end <= 0:
         return values
     start = committed.start_offsets(admin, topic, [0], settings.connect_timeout_s)[0]
-    consumer = kafka_clients.consumer(settings, "tokenmill.compacted-reader",
+    consumer = clients.consumer(settings, "tokenmill.kafka.compacted-reader",
                                       committed.READER_CONFIG)
     try:
         for message in committed.read_partition(consumer, topic, 0, end, READ_TIMEOUT_S,
@@ -119,7 +119,7 @@ def last_stable_offset(admin: AdminClient, tp: TopicPartition, timeout_s: float)
 def _has_key_between(settings: Settings, topic: str, start: int, end: int,
                      keep: Callable[[str], bool]) -> bool:
     """Whether any record in [start, end), decided or not, has a kept key."""
-    consumer = kafka_clients.consumer(settings, "tokenmill.compacted-reader",
+    consumer = clients.consumer(settings, "tokenmill.kafka.compacted-reader",
                                       {**committed.READER_CONFIG,
                                        "isolation.level": "read_uncommitted"})
     try:

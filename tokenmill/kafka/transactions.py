@@ -37,7 +37,7 @@ from tokenmill import crashpoints
 from tokenmill.log import get_logger
 from tokenmill.watchdog import Watchdog
 
-log = get_logger("tokenmill.transactions")
+log = get_logger("tokenmill.kafka.transactions")
 
 # An abort that timed out is resumed this many times in all (each call
 # waits up to the step timeout) before the process gives up.

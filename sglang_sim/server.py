@@ -20,14 +20,14 @@ import msgspec
 from aiohttp import web
 
 from tokenmill.log import get_logger
-from tokenmill.simulator import answers
-from tokenmill.simulator.capacity import Scheduler
-from tokenmill.simulator.config import SimulatorConfig
-from tokenmill.simulator.faults import FaultInjector, Transient, unit
-from tokenmill.simulator.lengths import LengthModel
-from tokenmill.simulator.metrics import CONTENT_TYPE, MetricsEndpoint, RequestStats, SGLangCollector
-from tokenmill.simulator.prompts import PrefixCache, facts, thinking_enabled
-from tokenmill.simulator.protocol import (
+from sglang_sim import answers
+from sglang_sim.capacity import Scheduler
+from sglang_sim.config import SimulatorConfig
+from sglang_sim.faults import FaultInjector, Transient, unit
+from sglang_sim.lengths import LengthModel
+from sglang_sim.metrics import CONTENT_TYPE, MetricsEndpoint, RequestStats, SGLangCollector
+from sglang_sim.prompts import PrefixCache, facts, thinking_enabled
+from sglang_sim.protocol import (
     ENCODER,
     REQUEST_DECODER,
     VALID_ROLES,
@@ -46,9 +46,9 @@ from tokenmill.simulator.protocol import (
     UsageInfo,
     error_body,
 )
-from tokenmill.simulator.textgen import corpus_for
+from sglang_sim.textgen import corpus_for
 
-log = get_logger("tokenmill.simulator")
+log = get_logger("sglang_sim")
 
 CRASH_EXIT_CODE = 86
 JSON = "application/json"

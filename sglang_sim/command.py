@@ -21,8 +21,8 @@ from aiohttp import web
 
 from tokenmill.flag_types import FiniteFloat
 from tokenmill.log import configure, get_logger
-from tokenmill.simulator.config import InvalidConfig, SimulatorConfig
-from tokenmill.simulator.server import create_app
+from sglang_sim.config import InvalidConfig, SimulatorConfig
+from sglang_sim.server import create_app
 
 READY_PREFIX = "tokenmill sim-sglang listening on "
 
@@ -132,7 +132,7 @@ def bound_port(site: web.TCPSite) -> int:
 
 
 async def _serve(config: SimulatorConfig) -> None:
-    log = get_logger("tokenmill.simulator")
+    log = get_logger("sglang_sim")
     app = create_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

@@ -23,8 +23,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from tokenmill.simulator.capacity import Scheduler
-from tokenmill.simulator.config import SimulatorConfig
+from sglang_sim.capacity import Scheduler
+from sglang_sim.config import SimulatorConfig
 
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
                600, 1200, 1800, 2400)

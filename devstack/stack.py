@@ -20,11 +20,11 @@ from typing import Any
 import boto3
 import msgspec
 
-from tokenmill import kraft
-from tokenmill.devstack import kafka_broker, processes, s3_server
+from tokenmill.kafka import kraft
+from devstack import kafka_broker, processes, s3_server
 from tokenmill.log import get_logger
 
-log = get_logger("tokenmill.devstack")
+log = get_logger("devstack")
 
 DEFAULT_BUCKET = "tokenmill"
 LOCAL_EXTRA_HINT = ("the local stack needs moto, which comes with the `local` extra: "
@@ -67,6 +67,11 @@ class StackState(msgspec.Struct):
 
 class StackError(RuntimeError):
     """The dev stack could not be started."""
+
+
+# What setting the stack up can fail with: a command prints it as one line.
+SETUP_ERRORS: tuple[type[BaseException], ...] = (
+    StackError, kafka_broker.BrokerSetupError, processes.PortInUse)
 
 
 @dataclass(frozen=True)

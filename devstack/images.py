@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenmill import deploy_files
-from tokenmill.devstack import container_engine, kafka_broker, prerequisites
+from devstack import container_engine, kafka_broker, prerequisites
 from tokenmill.log import get_logger
 
-log = get_logger("tokenmill.devstack")
+log = get_logger("devstack")
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -193,13 +193,7 @@ def build_wheel(source: Path, into: Path) -> Path:
 
 def tokenmill_dockerfile(wheel_name: str) -> str:
     """The Dockerfile `tokenmill deploy compose --wheel` writes."""
-    from ops import deploy
-
-    files = deploy.compose_files(run="demo", gpus=1, time_scale=100.0,
-                                 requirement=f"/opt/tokenmill/context/{wheel_name}",
-                                 image="tokenmill", cluster_id="unused",
-                                 kafka_image="unused", s3_image="unused")
-    return next(file.text for file in files if file.path == "Dockerfile")
+    return deploy_files.dockerfile(f"/opt/tokenmill/context/{wheel_name}")
 
 
 def build_images(source: Path = PROJECT_ROOT,
@@ -223,13 +217,13 @@ def _build_all(source: Path, jars: Path, work_root: Path,
                        lambda ref: _build_base(ref, work))
 
         kafka_context = work / "kafka"
-        shutil.copytree(deploy_files.root() / "images" / "kafka", kafka_context)  # type: ignore[arg-type]
+        shutil.copytree(deploy_files.root() / "docker" / "images" / "kafka", kafka_context)  # type: ignore[arg-type]
         shutil.copytree(jars, kafka_context / "libs", ignore=shutil.ignore_patterns(".*"))
         kafka = _ensure("kafka", [("base", base.encode()), *directory_parts(kafka_context)],
                         on_progress, lambda ref: _build(ref, kafka_context, base))
 
         s3_context = work / "s3"
-        shutil.copytree(deploy_files.root() / "images" / "s3", s3_context)  # type: ignore[arg-type]
+        shutil.copytree(deploy_files.root() / "docker" / "images" / "s3", s3_context)  # type: ignore[arg-type]
         requirements = s3_requirements()
 
         def build_s3(ref: str) -> None:

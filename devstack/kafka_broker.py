@@ -18,11 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmill import deploy_files, kraft
-from tokenmill.devstack import prerequisites, processes
+from tokenmill import deploy_files
+from tokenmill.kafka import kraft
+from devstack import prerequisites, processes
 from tokenmill.log import get_logger
 
-log = get_logger("tokenmill.devstack")
+log = get_logger("devstack")
 
 KAFKA_VERSION = prerequisites.KAFKA_VERSION
 FETCH_TIMEOUT_S = 1800.0
@@ -84,7 +85,7 @@ def fetch_jars(on_progress: Callable[[str], None] | None = None) -> Path:
 def _run_maven(lib: Path, on_progress: Callable[[str], None]) -> None:
     work = cache_dir()
     pom = work / "pom.xml"
-    pom.write_text(deploy_files.read_text("kafka/pom.xml"))
+    pom.write_text(deploy_files.read_text("deploy/kafka/pom.xml"))
     lib.mkdir(parents=True, exist_ok=True)
     mvn_log = work / "mvn.log"
     log.info("fetching Kafka jars from Maven Central (once)", version=KAFKA_VERSION, into=str(lib))
@@ -179,7 +180,7 @@ def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str) -> None:
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
         plan.config_path.write_text(kraft.server_properties(
             nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster))
-        (plan.home / "log4j2.properties").write_text(deploy_files.read_text("kafka/log4j2.properties"))
+        (plan.home / "log4j2.properties").write_text(deploy_files.read_text("deploy/kafka/log4j2.properties"))
         if (plan.data_dir / "meta.properties").is_file():
             continue
         # "=" form: a base64 id may start with "-", which argparse would take for an option.

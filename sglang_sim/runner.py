@@ -30,9 +30,9 @@ from typing import Self
 
 from aiohttp import web
 
-from tokenmill.simulator.command import READY_PREFIX, bound_port
-from tokenmill.simulator.config import SimulatorConfig, to_cli_args
-from tokenmill.simulator.server import STATE, SimulatorState, create_app
+from sglang_sim.command import READY_PREFIX, bound_port
+from sglang_sim.config import SimulatorConfig, to_cli_args
+from sglang_sim.server import STATE, SimulatorState, create_app
 
 START_TIMEOUT = 30.0
 

@@ -9,7 +9,7 @@ Public API:
   for in-process and subprocess simulators (runner.py)
 """
 
-from tokenmill.simulator.config import SimulatorConfig
+from sglang_sim.config import SimulatorConfig
 
 __all__ = [
     "SimulatorConfig",
@@ -24,12 +24,12 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # lazy: importing the config must not pull in aiohttp
     if name == "create_app":
-        from tokenmill.simulator.server import create_app
+        from sglang_sim.server import create_app
 
         return create_app
     if name in ("running_simulator", "running_simulator_process", "SimulatorThread",
                 "SimulatorProcess"):
-        from tokenmill.simulator import runner
+        from sglang_sim import runner
 
         return getattr(runner, name)
     raise AttributeError(name)

@@ -24,7 +24,7 @@ from collections import deque
 
 import msgspec
 
-from tokenmill.simulator.config import SimulatorConfig
+from sglang_sim.config import SimulatorConfig
 
 _THROUGHPUT_WINDOW = 5.0  # real seconds
 _SAMPLE_EVERY = 0.25

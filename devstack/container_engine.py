@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmill.devstack import prerequisites, processes
+from devstack import prerequisites, processes
 from tokenmill.log import get_logger
 
-log = get_logger("tokenmill.devstack")
+log = get_logger("devstack")
 
 # Debian package -> a program it installs (present means installed).
 PACKAGES = {
@@ -39,7 +39,7 @@ PACKAGES = {
 }
 CONTAINERS_CONF = Path("/etc/containers/containers.conf")
 CONTAINERS_CONF_TEXT = """\
-# Written by tokenmill (tokenmill/devstack/container_engine.py): podman on
+# Written by tokenmill (devstack/container_engine.py): podman on
 # this machine needs runc, cgroupfs and no default ulimits.
 [containers]
 default_ulimits = []

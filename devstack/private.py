@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import msgspec
 
-from tokenmill.devstack import kafka_broker, processes, stack
+from devstack import kafka_broker, processes, stack
 from tokenmill.settings import Settings
 
 

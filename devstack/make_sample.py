@@ -1,4 +1,4 @@
-"""Writes the sample dataset in tokenmill/data/sample/ (used by `tokenmill demo`).
+"""Writes the sample dataset in devstack/sample/ (used by `tokenmill demo`).
 
 Small (about 250 records), varied, in every input shape the producer reads:
 
@@ -15,7 +15,7 @@ Small (about 250 records), varied, in every input shape the producer reads:
 Deterministic (fixed seed, no clock), so re-running rewrites identical files
 (a test checks the committed files are this script's output):
 
-    python tokenmill/data/make_sample.py [OUTPUT_DIR]
+    python devstack/make_sample.py [OUTPUT_DIR]
 """
 
 from __future__ import annotations

@@ -9,29 +9,31 @@ Every service runs as the same `tokenmill` command a user would run.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import click
 from rich.console import Console
 from rich.table import Table
 
-from ops.status import summarize
-from tokenmill.commandline import service_command
-from tokenmill.devstack import processes, stack
+from tokenmill.commandline import register_known_error, service_command
+from devstack import processes, stack
 from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.progress import read_run_progress
-from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings, writable_state_dir
-from tokenmill.simulator import SimulatorConfig
-from tokenmill.simulator.runner import SimulatorProcess
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 
-SAMPLE_DIR = Path(__file__).parent / "data" / "sample"
+register_known_error(*stack.SETUP_ERRORS)
+
+SAMPLE_DIR = Path(__file__).parent / "sample"
 
 console = Console(stderr=True)
 
@@ -151,8 +153,7 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
         ok = _wait(run_settings, run_id, children, timeout_s)
         if ok:
             output = state_dir / "output" / run_id
-            summary = summarize(RunRegistry(run_settings).get(run_id),
-                                read_run_progress(run_settings, run_id))
+            summary = _status(run_id, env)
             saved = _save_output(run_settings, run_id, stack_state, output)
     finally:
         for child in children:
@@ -164,6 +165,17 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
     if not ok:
         raise click.ClickException(f"the demo did not finish; logs in {logs}")
     _report(summary, saved, output, time.monotonic() - started, keep, stack_state)
+
+
+def _status(run_id: str, env: dict[str, str]) -> dict[str, Any]:
+    """The run's numbers as `tokenmill status --json` gives them (schema:
+    `tokenmill status --json-schema`), from the command a user would run."""
+    result = subprocess.run([sys.executable, "-m", "tokenmill.cli", "status", "--run", run_id,
+                             "--json"], env=env, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise click.ClickException(f"status failed:\n{result.stderr[-3000:]}")
+    found: dict[str, Any] = json.loads(result.stdout)
+    return found
 
 
 def _wait(settings: Settings, run_id: str, children: list[Child], timeout_s: float) -> bool:
@@ -192,7 +204,7 @@ def _save_output(settings: Settings, run_id: str, stack_state: stack.StackState,
     goes away at the end, so the results stay to be read."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from tokenmill import topics
+    from tokenmill.kafka import topics
 
     output.mkdir(parents=True, exist_ok=True)
     s3 = boto3.client("s3", endpoint_url=stack_state.s3.address, region_name="us-east-1")

@@ -23,7 +23,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from tokenmill import kafka_clients
+from tokenmill.kafka import clients
 from tokenmill.settings import Settings
 
 READ_TIMEOUT_S = 600.0  # one partition; generous: a DLQ partition can hold gigabytes
@@ -41,7 +41,7 @@ READER_CONFIG = {"fetch.wait.max.ms": 10, "queued.max.messages.kbytes": 16 * 102
 
 
 def partition_count(settings: Settings, topic: str) -> int:
-    metadata = kafka_clients.admin(settings).list_topics(topic, timeout=settings.connect_timeout_s)
+    metadata = clients.admin(settings).list_topics(topic, timeout=settings.connect_timeout_s)
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
         raise LookupError(f"topic {topic} does not exist at {settings.bootstrap_servers}")
@@ -125,11 +125,11 @@ def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
 def read_topic(settings: Settings, topic: str) -> Iterator[Message]:
     """Every committed record of the topic, partition 0 first, each in offset order."""
     count = partition_count(settings, topic)
-    admin = kafka_clients.admin(settings)
+    admin = clients.admin(settings)
     partitions = list(range(count))
     ends = last_stable_offsets(admin, topic, partitions, settings.connect_timeout_s)
     starts = start_offsets(admin, topic, partitions, settings.connect_timeout_s)
-    consumer = kafka_clients.consumer(settings, f"{topic}.reader", READER_CONFIG)
+    consumer = clients.consumer(settings, f"{topic}.reader", READER_CONFIG)
     try:
         for partition in partitions:
             yield from read_partition(consumer, topic, partition, ends[partition],

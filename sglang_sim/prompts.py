@@ -13,8 +13,8 @@ import hashlib
 
 import msgspec
 
-from tokenmill.simulator import tokens
-from tokenmill.simulator.protocol import ChatCompletionRequest, Message
+from sglang_sim import tokens
+from sglang_sim.protocol import ChatCompletionRequest, Message
 
 _ENC = msgspec.json.Encoder()
 _MAX_CACHE_ENTRIES = 500_000

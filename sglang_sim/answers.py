@@ -20,12 +20,12 @@ from typing import Any
 
 import msgspec
 
-from tokenmill.simulator.config import SimulatorConfig
-from tokenmill.simulator.faults import ContentFault, content_fault, unit
-from tokenmill.simulator.lengths import LengthModel
-from tokenmill.simulator.protocol import Tool
-from tokenmill.simulator.textgen import Corpus, object_arguments, tool_call_text
-from tokenmill.simulator.tokens import text_tokens
+from sglang_sim.config import SimulatorConfig
+from sglang_sim.faults import ContentFault, content_fault, unit
+from sglang_sim.lengths import LengthModel
+from sglang_sim.protocol import Tool
+from sglang_sim.textgen import Corpus, object_arguments, tool_call_text
+from sglang_sim.tokens import text_tokens
 
 TRIVIAL_TEXT = "OK."
 TRIVIAL_TOKENS = 2  # "OK" "."

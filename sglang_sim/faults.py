@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import hashlib
 
-from tokenmill.simulator.config import SimulatorConfig
+from sglang_sim.config import SimulatorConfig
 
 _MAX_TRACKED = 1_000_000
 

@@ -4,7 +4,7 @@ said in one line naming everything missing.
 
 Standard library only, and importable by an old Python (annotations are
 never evaluated: `from __future__ import annotations`), so that
-`python3 -m tokenmill.devstack.prerequisites` (run by the Makefile before it
+`python3 -m devstack.prerequisites` (run by the Makefile before it
 creates the virtual environment) can tell a user with Python 3.9 what to do.
 """
 
@@ -96,7 +96,7 @@ def jars_cached() -> bool:
 
 
 def main() -> int:
-    """`python -m tokenmill.devstack.prerequisites`: exit 1 with one line
+    """`python -m devstack.prerequisites`: exit 1 with one line
     naming what is missing for the local stack and the set-up commands."""
     problems = [p for p in [python_problem()] if p]
     problems += broker_problems(need_maven=not jars_cached())

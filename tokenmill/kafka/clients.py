@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 from tokenmill.startup import StartupWait, wait_until_up
-from tokenmill.topics import MAX_MESSAGE_BYTES
+from tokenmill.kafka.topics import MAX_MESSAGE_BYTES
 
 log = get_logger("tokenmill.kafka")
 

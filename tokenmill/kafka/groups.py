@@ -33,7 +33,7 @@ from confluent_kafka.admin import (
 
 from tokenmill.log import get_logger
 
-log = get_logger("tokenmill.groups")
+log = get_logger("tokenmill.kafka.groups")
 
 GroupProtocol = Literal["consumer", "classic"]
 CLASSIC_SESSION_TIMEOUT_S = 30.0

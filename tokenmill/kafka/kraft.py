@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tokenmill import deploy_files
 
-CONFIG_TEMPLATE = "kafka/server.properties"
+CONFIG_TEMPLATE = "deploy/kafka/server.properties"
 
 
 @dataclass(frozen=True)
