@@ -43,10 +43,10 @@ from bench.consume_sides import Side, plain_loop, setup_run, tokenmill_side
 from bench.figures import Figure, Recorder, console_table, ratio
 from bench.services import bench_settings
 from schemas import GenerationSettings
-from tokenmill import log
-from tokenmill.settings import Settings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
+from tokenmill import log
+from tokenmill.settings import Settings
 
 console = Console(width=200)
 

@@ -42,13 +42,13 @@ from bench.consume_sides import consume_argv, plain_loop, setup_run, tokenmill_s
 from bench.figures import Figure, Recorder, console_table, ratio
 from bench.services import bench_settings, child_env
 from bench.timing import Launched
-from schemas import GenerationSettings
-from tokenmill import log
-from tokenmill.kafka import clients, groups, topics
 from devstack.processes import free_port
-from tokenmill.settings import Settings
+from schemas import GenerationSettings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
+from tokenmill import log
+from tokenmill.kafka import clients, groups, topics
+from tokenmill.settings import Settings
 
 console = Console(width=200)
 

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.consume_sides import Side, setup_run, tokenmill_side
 from bench.figures import Figure, Recorder, console_table, ratio
 from bench.services import bench_settings
-from tokenmill import log, progress
-from tokenmill.settings import Settings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
+from tokenmill import log, progress
+from tokenmill.settings import Settings
 
 console = Console(width=200)
 

@@ -14,13 +14,13 @@ from confluent_kafka import KafkaException
 from consumer.backoff import RetryPolicy
 from consumer.health import wait_for_server
 from consumer.worker import FatalWorkerError, Worker, WorkerConfig
-from tokenmill.kafka import clients
 from tokenmill.commandline import exit_now, finish_now, register_known_error, service_command
 from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
+from tokenmill.kafka import clients
+from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings, http_url_problem
 from tokenmill.tool_results import HookUnavailable
-from tokenmill.kafka.transactions import KafkaFatal
 
 register_known_error(FatalWorkerError, KafkaFatal, HookUnavailable)
 

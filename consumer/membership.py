@@ -26,9 +26,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from consumer.fleet import slot_name
 from tokenmill.kafka import clients, groups
+from tokenmill.kafka.transactions import GroupOffsets, KafkaFatal
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
-from tokenmill.kafka.transactions import GroupOffsets, KafkaFatal
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.consumer.membership")

@@ -20,7 +20,6 @@ from schemas import PromptRecord
 from schemas.completion import CompletionRecord
 from schemas.turn import TurnRecord
 
-
 # What a worker reads: a prompt, or (`regenerate-turns`) a conversation
 # between two turns; and what it commits for one: a result, or the next turn.
 Input = PromptRecord | TurnRecord

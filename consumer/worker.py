@@ -41,28 +41,33 @@ from consumer.breaker import Breaker
 from consumer.concurrency import AutoBounds, next_limit, parse_metrics
 from consumer.fleet import FleetView, RateTracker, decide, initial_slots
 from consumer.fleet_view import ViewUnavailable, read_view
-from consumer.handover import Handovers, drain_limit_s
 from consumer.generation import Generator, Outcome, ServerRefuses
+from consumer.handover import Handovers, drain_limit_s
 from consumer.health import HealthGate
 from consumer.membership import Membership, MembershipConfig, Slot
 from consumer.metrics import ConsumerMetrics
 from consumer.partitions import Input, Output, PartitionState, can_resume
-from tokenmill.tool_results import load_hook
-from consumer.turns import advance, dataset_answerer, position_of
 from consumer.pause import PausePolicy
 from consumer.recent_rate import RecentRate
 from consumer.sglang_client import SGLangClient
+from consumer.turns import advance, dataset_answerer, position_of
 from consumer.validation import check_prompt, check_turn, invalid_record, topic_run
 from schemas import Conversation, Failure, RunSpec
 from schemas.completion import encode_record
-from schemas.turn import TurnRecord
 from schemas.progress import ConsumerProgress, ServerSnapshot, consumer_key, decode_progress
+from schemas.turn import TurnRecord
 from tokenmill import progress
 from tokenmill.kafka import clients, groups, topics
+from tokenmill.kafka.transactions import (
+    KafkaFatal,
+    TransactionAborted,
+    TransactionHooks,
+    Transactions,
+)
 from tokenmill.log import get_logger
 from tokenmill.registry import source_prompts_topic
 from tokenmill.settings import Settings
-from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, TransactionHooks, Transactions
+from tokenmill.tool_results import load_hook
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.consumer")

@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tokenmill.commandline import register_known_error, service_command
 from devstack import container_engine, images, stack
+from tokenmill.commandline import register_known_error, service_command
 from tokenmill.flag_types import HEAP, PORT, Pattern, seconds
 from tokenmill.settings import BUCKET_PATTERN, Settings, writable_state_dir
 

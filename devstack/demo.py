@@ -23,13 +23,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tokenmill.commandline import register_known_error, service_command
 from devstack import processes, stack
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
+from tokenmill.commandline import register_known_error, service_command
 from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.progress import read_run_progress
 from tokenmill.settings import Settings, writable_state_dir
-from sglang_sim import SimulatorConfig
-from sglang_sim.runner import SimulatorProcess
 
 register_known_error(*stack.SETUP_ERRORS)
 

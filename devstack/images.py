@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmill import deploy_files
 from devstack import container_engine, kafka_broker, prerequisites
+from tokenmill import deploy_files
 from tokenmill.log import get_logger
 
 log = get_logger("devstack")

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devstack import prerequisites, processes
 from tokenmill import deploy_files
 from tokenmill.kafka import kraft
-from devstack import prerequisites, processes
 from tokenmill.log import get_logger
 
 log = get_logger("devstack")

@@ -20,8 +20,8 @@ from typing import Any
 import boto3
 import msgspec
 
-from tokenmill.kafka import kraft
 from devstack import kafka_broker, processes, s3_server
+from tokenmill.kafka import kraft
 from tokenmill.log import get_logger
 
 log = get_logger("devstack")

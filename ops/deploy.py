@@ -22,10 +22,10 @@ import click
 from rich.console import Console
 
 from tokenmill import deploy_files
-from tokenmill.kafka import kraft
 from tokenmill.commandline import service_command
 from tokenmill.deploy_files import RenderedFile
 from tokenmill.flag_types import HEAP, PORT, RUN_ID, FiniteFloat
+from tokenmill.kafka import kraft
 from tokenmill.settings import OPTIONS, Settings, SettingsError
 
 console = Console(stderr=True)

@@ -26,18 +26,17 @@ from rich.text import Text
 
 from consumer.fleet import worker_of
 from ops.dataset.coverage import coverage_line, lineage_coverage
+from ops.health import Health, Thresholds, assess, is_live, live_rates
+from ops.status_report import to_report
 from schemas import RunSpec
-from tokenmill.kafka import clients, groups, topics
+from schemas.progress import ServerSnapshot
 from tokenmill.commandline import service_command
 from tokenmill.flag_types import RUN_ID, seconds
+from tokenmill.kafka import clients, groups, topics
 from tokenmill.kafka.groups import GroupState
-from ops.status_report import to_report
-from ops.health import Health, Thresholds, assess, is_live, live_rates
-from schemas.progress import ServerSnapshot
 from tokenmill.progress import RunProgress, read_run_progress
 from tokenmill.registry import RunRegistry, source_prompts_topic
 from tokenmill.settings import Settings
-
 
 STATUS_SCHEMA_PATH = Path(__file__).with_name("status.schema.json")
 

@@ -36,10 +36,10 @@ from producer.records import finish_line
 from producer.spool import SpoolReader, bucket_path
 from schemas.progress import ProducerCheckpoint, producer_key
 from tokenmill.kafka import clients, topics
+from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 from tokenmill.log import get_logger
 from tokenmill.progress import ensure_topic, read_producer_checkpoint
 from tokenmill.settings import Settings
-from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 
 log = get_logger("tokenmill.producer")
 

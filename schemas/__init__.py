@@ -4,7 +4,21 @@ JSON on the wire (msgspec), so any client can read every topic. Every record
 carries a schema version `v` and the prompt's `id`.
 """
 
+from schemas.completion import (
+    Completion,
+    CompletionRecord,
+    Conversation,
+    Failure,
+    SpecStats,
+    Step,
+    Usage,
+    decode_completion,
+    encode_record,
+)
+from schemas.dlq import DeadLetter
 from schemas.messages import FunctionCall, Message, Tool, ToolCall
+from schemas.progress import ConsumerProgress, ProducerCheckpoint, SinkProgress
+from schemas.prompt import PromptRecord
 from schemas.run import (
     DLQ_REASONS,
     Estimate,
@@ -15,20 +29,6 @@ from schemas.run import (
     RunSpec,
     S3Destination,
 )
-from schemas.prompt import PromptRecord
-from schemas.completion import (
-    Completion,
-    CompletionRecord,
-    Conversation,
-    Failure,
-    Step,
-    SpecStats,
-    Usage,
-    decode_completion,
-    encode_record,
-)
-from schemas.dlq import DeadLetter
-from schemas.progress import ConsumerProgress, ProducerCheckpoint, SinkProgress
 from schemas.sample import TrainingSample
 
 SCHEMA_VERSION = 1

@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
-from schemas.progress import Progress
 from schemas.completion import CompletionRecord
 from schemas.dlq import DeadLetter
 from schemas.plan import Plan
+from schemas.progress import Progress
 from schemas.prompt import PromptRecord
 from schemas.run import RunSpec
 from schemas.sample import ConversationSample, TrainingSample

@@ -19,10 +19,10 @@ from typing import Any
 import click
 from aiohttp import web
 
-from tokenmill.flag_types import FiniteFloat
-from tokenmill.log import configure, get_logger
 from sglang_sim.config import InvalidConfig, SimulatorConfig
 from sglang_sim.server import create_app
+from tokenmill.flag_types import FiniteFloat
+from tokenmill.log import configure, get_logger
 
 READY_PREFIX = "tokenmill sim-sglang listening on "
 

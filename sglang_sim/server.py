@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from tokenmill.log import get_logger
 from sglang_sim import answers
 from sglang_sim.capacity import Scheduler
 from sglang_sim.config import SimulatorConfig
@@ -47,6 +46,7 @@ from sglang_sim.protocol import (
     error_body,
 )
 from sglang_sim.textgen import corpus_for
+from tokenmill.log import get_logger
 
 log = get_logger("sglang_sim")
 

@@ -13,12 +13,12 @@ from sink.config import parse_size, resolve
 from sink.errors import SinkError
 from sink.s3_writer import wait_for_bucket
 from sink.service import SinkService, tune_gc
-from tokenmill.kafka import clients
 from tokenmill.commandline import exit_now, register_known_error, service_command
 from tokenmill.flag_types import RUN_ID, seconds
+from tokenmill.kafka import clients
+from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from tokenmill.kafka.transactions import KafkaFatal
 
 register_known_error(SinkError, KafkaFatal)
 

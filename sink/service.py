@@ -53,11 +53,11 @@ from sink.errors import InvalidRecord, ObjectConflict, S3Failed
 from sink.metrics import SinkMetrics
 from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, Uploaded, make_client
-from tokenmill.kafka import clients, groups, topics
 from tokenmill import progress as run_progress
+from tokenmill.kafka import clients, groups, topics
+from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
-from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.sink")

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ops.deploy import kafka_image_environment
-from tokenmill.kafka import kraft
 from devstack import container_engine, images
 from devstack.processes import free_port
+from ops.deploy import kafka_image_environment
+from tokenmill.kafka import kraft
 
 START_TIMEOUT_S = 240.0
 CONTROLLER_PORT = 9093

@@ -26,11 +26,11 @@ from schemas.plan import (
     PromptTokens,
 )
 from schemas.prompt import PromptRecord
+from sglang_sim import tokens as token_rule
 from tokenmill.forecast import makespan
 from tokenmill.forecast.estimate import predict
 from tokenmill.forecast.lengths import LengthDistribution
 from tokenmill.forecast.throughput import recommended_concurrency, tokens_per_s
-from sglang_sim import tokens as token_rule
 
 _encoder = msgspec.json.Encoder()
 

@@ -18,12 +18,12 @@ from confluent_kafka import Producer
 
 from schemas import GenerationSettings, Message, PromptRecord, RunSpec, decode_completion
 from schemas.progress import ProducerCheckpoint, producer_key
+from sglang_sim import SimulatorConfig
 from tests.kafka_helpers import read_all
 from tokenmill import progress
 from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from sglang_sim import SimulatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

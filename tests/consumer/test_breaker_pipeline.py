@@ -19,7 +19,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from devstack.processes import free_port
 from schemas import Failure
+from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import (
     REPO,
     ConsumerProcess,
@@ -31,8 +33,6 @@ from tests.consumer.pipeline import (
     publish,
     wait_until,
 )
-from devstack.processes import free_port
-from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import Completion
+from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import (
     ConsumerProcess,
     committed_records,
@@ -13,7 +14,6 @@ from tests.consumer.pipeline import (
     make_prompts,
     publish,
 )
-from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

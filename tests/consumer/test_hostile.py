@@ -11,6 +11,7 @@ from confluent_kafka import Producer
 
 from schemas import DeadLetter, Failure
 from schemas.dlq import HEADER_REASON
+from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import (
     ConsumerProcess,
     consumer_progress,
@@ -20,7 +21,6 @@ from tests.consumer.pipeline import (
 )
 from tests.sink.sink_helpers import dlq_records, run_sink_in_process, s3_ids
 from tokenmill.kafka import topics
-from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

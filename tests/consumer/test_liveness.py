@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from sglang_sim import running_simulator
 from tests.consumer.pipeline import (
     PACED,
     ConsumerProcess,
@@ -22,7 +23,6 @@ from tests.consumer.pipeline import (
 )
 from tests.kafka_helpers import read_all
 from tokenmill.kafka import clients, groups, topics
-from sglang_sim import running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from ops.replay import ReplayRefused, create_replay, replay_spec
+from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import (
     ConsumerProcess,
     committed_records,
@@ -16,7 +17,6 @@ from tests.consumer.pipeline import (
 )
 from tokenmill.cli import cli
 from tokenmill.registry import RunRegistry
-from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker]
 

@@ -13,7 +13,9 @@ from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from kafka.admin import KafkaAdminClient
 
+from devstack.processes import free_port
 from schemas import Completion, Failure, decode_completion
+from sglang_sim import SimulatorConfig, SimulatorProcess, running_simulator
 from tests.consumer.pipeline import (
     PACED,
     ConsumerProcess,
@@ -27,8 +29,6 @@ from tests.consumer.pipeline import (
 )
 from tests.kafka_helpers import read_all
 from tokenmill.kafka import clients, topics
-from devstack.processes import free_port
-from sglang_sim import SimulatorConfig, SimulatorProcess, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -11,12 +11,12 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Producer
 
 from schemas import Message, PromptRecord
+from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import ConsumerProcess, create_run, make_prompts, publish
 from tests.sink.sink_helpers import create_bucket, run_sink_in_process, s3_objects
-from tokenmill.kafka import topics
 from tokenmill.cli import cli
+from tokenmill.kafka import topics
 from tokenmill.settings import Settings
-from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker]
 

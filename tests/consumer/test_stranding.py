@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import (
     ConsumerProcess,
     committed_records,
@@ -36,7 +37,6 @@ from tests.sink.sink_helpers import (
     create_run as create_sink_run,
 )
 from tokenmill.kafka import clients, groups, topics
-from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -14,8 +14,16 @@ from consumer import counters
 from consumer.tool_calls import calls_problem, dataset_answer, recorded_results
 from consumer.turns import MAX_TOOL_ROUNDS, Position, advance, dataset_answerer, position_of
 from consumer.validation import check_turn
-from schemas import Completion, Conversation, Failure, FunctionCall, Message, PromptRecord, \
-    RunSpec, ToolCall
+from schemas import (
+    Completion,
+    Conversation,
+    Failure,
+    FunctionCall,
+    Message,
+    PromptRecord,
+    RunSpec,
+    ToolCall,
+)
 from schemas.progress import ConsumerProgress
 from schemas.turn import TurnRecord
 from tests.e2e.tool_hooks import answer as hook

@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tests.e2e.test_pipeline import Service, write_dataset
-from tests.kafka_helpers import read_all
 from devstack.processes import free_port
-from tokenmill.settings import Settings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
+from tests.e2e.test_pipeline import Service, write_dataset
+from tests.kafka_helpers import read_all
+from tokenmill.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import container_services
 from devstack.demo import SAMPLE_DIR, sample_files
+from tests import container_services
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -18,10 +18,10 @@ import boto3
 import pytest
 import zstandard
 
-from tests.kafka_helpers import read_all
 from devstack.processes import free_port
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
+from tests.kafka_helpers import read_all
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

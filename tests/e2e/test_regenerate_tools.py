@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from devstack.processes import free_port
 from schemas import Conversation, decode_completion
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 from tests.dataset.test_lineage_e2e import generate
 from tests.e2e.test_regenerate_turns import produce, s3_lines, stack_env
 from tests.kafka_helpers import read_all
-from devstack.processes import free_port
-from sglang_sim import SimulatorConfig
-from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

@@ -28,15 +28,15 @@ import msgspec
 import pytest
 from confluent_kafka import Producer
 
+from devstack.processes import free_port
 from schemas import Conversation, Message, PromptRecord, Step, decode_completion
 from schemas.turn import TurnRecord, decode_turn
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 from tests.dataset.test_lineage_e2e import generate
 from tests.e2e.test_pipeline import Service, cli, s3_keys
 from tests.kafka_helpers import read_all
 from tokenmill.conversation import transcript, user_turns
-from devstack.processes import free_port
-from sglang_sim import SimulatorConfig
-from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import GenerationSettings, RunSpec, S3Destination
 from devstack.processes import free_port
+from schemas import GenerationSettings, RunSpec, S3Destination
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 

@@ -17,10 +17,10 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import ConfigResource
 from kafka.errors import KafkaConnectionError
 
-from tests.kafka_helpers import read_all
-from tokenmill.kafka import clients
 from devstack import processes
 from devstack.private import PrivateStack
+from tests.kafka_helpers import read_all
+from tokenmill.kafka import clients
 from tokenmill.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

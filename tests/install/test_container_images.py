@@ -8,11 +8,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from devstack import container_engine, images
 from ops.deploy import kafka_image_environment
 from tests.container_services import kafka_environment
 from tokenmill import deploy_files
 from tokenmill.kafka import kraft
-from devstack import container_engine, images
 
 ENTRYPOINT = deploy_files.root() / "docker" / "images" / "kafka" / "kafka-entrypoint.py"
 

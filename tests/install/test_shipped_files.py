@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devstack import kafka_broker, prerequisites
 from tokenmill import deploy_files
 from tokenmill.kafka import kraft
-from devstack import kafka_broker, prerequisites
 
 SHIPPED_ROOT = Path(deploy_files.__file__).resolve().parents[1]  # the checkout
 

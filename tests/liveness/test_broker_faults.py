@@ -26,11 +26,11 @@ import msgspec
 import pytest
 from kafka import KafkaConsumer
 
+from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import REPO, create_run, make_prompts, publish, sim_metrics
 from tests.kafka_helpers import read_all
 from tests.sink.sink_helpers import s3_ids
 from tokenmill.kafka import topics
-from sglang_sim import SimulatorConfig, running_simulator
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -19,6 +19,8 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 from tests.consumer.pipeline import (
     ConsumerProcess,
     check_exactly_once,
@@ -30,8 +32,6 @@ from tests.consumer.pipeline import (
 from tests.sink.sink_helpers import sink_env, start_sink
 from tokenmill.cli import cli
 from tokenmill.settings import Settings
-from sglang_sim import SimulatorConfig
-from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker]
 

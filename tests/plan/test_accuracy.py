@@ -48,6 +48,8 @@ from producer.inputs import fingerprint, resolve
 from schemas.plan import plan_decoder
 from schemas.prompt import PromptRecord
 from schemas.run import GenerationSettings, RunSpec
+from sglang_sim import SimulatorConfig
+from sglang_sim.runner import SimulatorProcess
 from tests.consumer.pipeline import (
     ConsumerProcess,
     committed_records,
@@ -58,8 +60,6 @@ from tests.consumer.pipeline import (
 from tokenmill.forecast.estimate import run_estimate
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from sglang_sim import SimulatorConfig
-from sglang_sim.runner import SimulatorProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.alone]
 

@@ -17,17 +17,17 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
+from devstack.processes import free_port
 from ops.plan.command import parse_duration
 from ops.plan.runner import public_url
 from schemas.plan import Plan, plan_decoder
 from schemas.run import Estimate, RunSpec
+from sglang_sim import SimulatorConfig, running_simulator
+from sglang_sim.runner import SimulatorProcess
 from tokenmill.cli import cli
-from devstack.processes import free_port
 from tokenmill.forecast.estimate import run_estimate
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-from sglang_sim import SimulatorConfig, running_simulator
-from sglang_sim.runner import SimulatorProcess
 
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "devstack" / "sample"
 FILES = [str(p) for p in sorted(SAMPLE_DIR.iterdir())]

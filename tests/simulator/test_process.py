@@ -8,10 +8,10 @@ import urllib.error
 
 import pytest
 
-from tests.simulator.sim_helpers import chat, http, user
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess, running_simulator_process
 from sglang_sim.server import CRASH_EXIT_CODE
+from tests.simulator.sim_helpers import chat, http, user
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,6 +10,7 @@ import boto3
 import msgspec
 import pytest
 
+from devstack.processes import free_port
 from schemas import TrainingSample
 from sink import object_keys
 from sink.metrics import SinkMetrics
@@ -29,7 +30,6 @@ from tests.sink.sink_helpers import (
     variant,
 )
 from tokenmill.kafka import topics
-from devstack.processes import free_port
 from tokenmill.progress import read_run_progress
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3]

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from devstack import processes, s3_server
 from tests.sink.sink_helpers import (
     assert_exactly_once,
     create_run,
@@ -21,7 +22,6 @@ from tests.sink.sink_helpers import (
     wait,
     wait_for,
 )
-from devstack import processes, s3_server
 from tokenmill.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow]

@@ -15,10 +15,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tokenmill.kafka.topics import MAX_MESSAGE_BYTES
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 from tokenmill.startup import StartupWait, wait_until_up
-from tokenmill.kafka.topics import MAX_MESSAGE_BYTES
 
 log = get_logger("tokenmill.kafka")
 
