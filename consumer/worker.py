@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
-from confluent_kafka import KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer, TopicPartition
 
 from consumer import counters
 from consumer.backoff import RetryPolicy
@@ -57,7 +57,7 @@ from schemas.completion import encode_record
 from schemas.progress import ConsumerProgress, ServerSnapshot, consumer_key, decode_progress
 from schemas.turn import TurnRecord
 from tokenmill import progress
-from tokenmill.kafka import clients, groups, topics
+from tokenmill.kafka import clients, groups, topics, transactions
 from tokenmill.kafka.transactions import (
     KafkaFatal,
     TransactionAborted,
@@ -173,19 +173,12 @@ class Worker:
     def _make_clients(self) -> None:
         settings = self.settings
         clients.check_broker(settings)
-        txn_id = topics.transactional_id(self.run_id, "consumer", self.config.instance)
-        self._producer = clients.transactional_producer(
-            settings, txn_id, {"linger.ms": 20, "queue.buffering.max.messages": 200_000})
-        # Fences a previous incarnation and aborts its open transaction.
-        try:
-            with self.watchdog.guard("init_transactions", 120):
-                self._producer.init_transactions(60)
-        except KafkaException as exc:
-            raise KafkaFatal(f"could not start transactional producer {txn_id}: "
-                             f"{exc.args[0] if exc.args else exc}") from None
-        self._txns = Transactions(self._producer, transactional_id=txn_id,
-                                  timeout_s=self.config.transaction_timeout_s,
-                                  hooks=self.hooks, watchdog=self.watchdog)
+        self._txns = transactions.start(
+            settings, topics.transactional_id(self.run_id, "consumer", self.config.instance),
+            config={"linger.ms": 20, "queue.buffering.max.messages": 200_000},
+            timeout_s=self.config.transaction_timeout_s, hooks=self.hooks,
+            watchdog=self.watchdog)
+        self._producer = self._txns.producer
         raw = progress.read_one(settings, self.progress_key)
         if raw is not None:
             previous = decode_progress(raw)

@@ -14,12 +14,14 @@ record must carry the id this run's publish order puts at its seq; otherwise
 the order changed (say, a different tokenmill version normalizes differently)
 and resuming would duplicate prompts, so the producer refuses.
 
-The transaction protocol is the shared one (tokenmill/kafka/transactions.py); the
-records of a transaction are produced straight into it for speed.
+The transaction protocol, and its start-up, are the shared ones
+(tokenmill/kafka/transactions.py); each record goes through the open
+transaction's `produce`, one C call while the local queue has room.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,19 +29,19 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from producer.errors import ProducerError, ResumeMismatch
 from producer.mixing import partition_sizes, publish_order
-from producer.records import finish_line
 from producer.spool import SpoolReader, bucket_path
 from schemas.progress import ProducerCheckpoint, producer_key
-from tokenmill.kafka import clients, topics
+from tokenmill.kafka import clients, topics, transactions
 from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 from tokenmill.log import get_logger
 from tokenmill.progress import ensure_topic, read_producer_checkpoint
 from tokenmill.settings import Settings
+from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.producer")
 
@@ -109,24 +111,22 @@ class Publisher:
     def __init__(self, settings: Settings, run: str) -> None:
         self._settings = settings
         self._run = run
-        self._producer: Producer | None = None
         self._transactions: Transactions | None = None
+        # Bounds every transaction call; there is no loop to beat.
+        self._watchdog = Watchdog(f"producer of run {run}", stall_s=math.inf)
 
     def fence(self) -> None:
         """Become the only producer of this run; aborts a dead predecessor's
         open transaction so committed reads are not held back by it."""
         clients.check_broker(self._settings)
         ensure_topic(self._settings, self._run)
-        self._producer = clients.transactional_producer(
-            self._settings, transactional_id(self._run), PRODUCER_CONFIG)
+        self._watchdog.start()
         try:
-            self._producer.init_transactions(TXN_TIMEOUT_S)
-        except KafkaException as exc:
-            raise ProducerError(f"could not start the transactional producer for run "
-                                f"{self._run}: {exc.args[0]}") from None
-        self._transactions = Transactions(self._producer,
-                                          transactional_id=transactional_id(self._run),
-                                          timeout_s=TXN_TIMEOUT_S)
+            self._transactions = transactions.start(
+                self._settings, transactional_id(self._run), config=PRODUCER_CONFIG,
+                timeout_s=TXN_TIMEOUT_S, watchdog=self._watchdog)
+        except KafkaFatal as exc:
+            raise ProducerError(f"run {self._run}: {exc}") from None
 
     def checkpoint(self) -> ProducerCheckpoint | None:
         return read_producer_checkpoint(self._settings, self._run)
@@ -170,7 +170,7 @@ class Publisher:
     def publish(self, plan: PublishPlan, resume: ResumePoint,
                 progress: Callable[[int], None] | None = None) -> int:
         """Publish seq >= resume.next_seq; returns how many were published."""
-        assert self._producer is not None, "fence() first"
+        assert self._transactions is not None, "fence() first"
         if resume.next_seq >= plan.total:
             return 0
         readers = _open_readers(plan)
@@ -189,9 +189,6 @@ class Publisher:
     def _publish_from(self, plan: PublishPlan, seq: int, order: Iterator[tuple[int, int]],
                       readers: dict[int, SpoolReader],
                       progress: Callable[[int], None] | None) -> int:
-        producer = self._producer
-        assert producer is not None
-        produce = producer.produce
         topic = plan.topic
         total = plan.total
         partitions = plan.partitions
@@ -204,17 +201,14 @@ class Publisher:
         committed = 0
         while seq < total:
             with transactions.transaction() as txn:
+                produce = txn.produce
                 deadline = time.monotonic() + plan.max_seconds
                 end = min(total, seq + plan.max_records)
                 size = 0
                 for partition, bucket in order:
                     line = lines[bucket]()
-                    try:
-                        produce(topic, b'%b,"seq":%d,"v":1}' % (  # see records.finish_line
-                            memoryview(line)[32:-1], seq), line[:32], partition)  # type: ignore[str-format]
-                    except BufferError:
-                        prompt_key, value = finish_line(line, seq)
-                        txn.produce(topic, value, key=prompt_key, partition=partition)
+                    produce(topic, b'%b,"seq":%d,"v":1}' % (  # as records.finish_line does
+                        memoryview(line)[32:-1], seq), line[:32], partition)  # type: ignore[str-format]
                     seq += 1
                     size += len(line)
                     if seq >= end or size >= plan.max_bytes:
@@ -236,9 +230,11 @@ class Publisher:
         return seq - start
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
+        if self._transactions is not None:
+            with self._watchdog.guard("flushing the producer", 30):
+                self._transactions.producer.flush(10)
+            self._transactions = None
+        self._watchdog.stop()
 
 
 def _failure(run: str, error: Any) -> str:

@@ -54,8 +54,8 @@ from sink.metrics import SinkMetrics
 from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, Uploaded, make_client
 from tokenmill import progress as run_progress
-from tokenmill.kafka import clients, groups, topics
-from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
+from tokenmill.kafka import clients, groups, topics, transactions
+from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 from tokenmill.watchdog import Watchdog
@@ -160,27 +160,23 @@ class SinkService:
                             conditional_writes=config.conditional_writes)
         self._s3.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
 
-        producer = clients.transactional_producer(self.settings, config.transactional_id)
         self.watchdog.start()
         try:
-            self._serve(producer)
+            self._serve()
         finally:
             self.watchdog.stop()
         log.info("sink stopped", s3_records=self.progress.s3_records,
                  s3_objects=self.progress.s3_objects, dlq_records=self.progress.dlq_records)
         return 0
 
-    def _serve(self, producer: Any) -> None:
+    def _serve(self) -> None:
         config = self.config
         # Fences an earlier incarnation and aborts its open transaction, so the
         # progress value read next is final.
-        try:
-            with self.watchdog.guard("init_transactions", 120):
-                producer.init_transactions(max(30.0, self.settings.connect_timeout_s))
-        except KafkaException as exc:
-            raise KafkaFatal(f"could not start transactional producer "
-                             f"{config.transactional_id}: {exc.args[0] if exc.args else exc}"
-                             ) from None
+        txns = transactions.start(self.settings, config.transactional_id,
+                                  timeout_s=config.transaction_timeout_s,
+                                  watchdog=self.watchdog)
+        producer = txns.producer
         run_progress.ensure_topic(self.settings, config.run)
         key = sink_key(config.run, config.instance)
         self.progress = counters.start(config.run, config.instance,
@@ -203,9 +199,7 @@ class SinkService:
                 "fetch.queue.backoff.ms": 20,
             })
         self._committer = Committer(
-            transactions=Transactions(producer, transactional_id=config.transactional_id,
-                                      timeout_s=config.transaction_timeout_s,
-                                      watchdog=self.watchdog),
+            transactions=txns,
             group_metadata=consumer.consumer_group_metadata,
             source_topic=self.topic, dlq_topic=self.dlq_topic,
             progress_topic=topics.progress_topic(config.run), progress_key=key)

@@ -1,5 +1,10 @@
 """The one transactional commit every service uses (producer, worker, sink).
 
+`start()` creates a service's transactional producer and fences every
+earlier incarnation of its transactional id (`init_transactions` aborts
+the open transaction a killed predecessor left), under the watchdog, and
+returns its `Transactions`.
+
 A transaction is opened only to commit work that is already done, and runs
 as numbered steps over one transactional producer:
 
@@ -26,15 +31,17 @@ to fail a step. No fault switch lives in the services themselves.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from tokenmill import crashpoints
+from tokenmill.kafka import clients
 from tokenmill.log import get_logger
+from tokenmill.settings import Settings
 from tokenmill.watchdog import Watchdog
 
 log = get_logger("tokenmill.kafka.transactions")
@@ -42,6 +49,10 @@ log = get_logger("tokenmill.kafka.transactions")
 # An abort that timed out is resumed this many times in all (each call
 # waits up to the step timeout) before the process gives up.
 ABORT_ATTEMPTS = 3
+
+# How long `init_transactions` may take: it waits for the coordinator to
+# abort a dead predecessor's open transaction.
+INIT_TIMEOUT_S = 60.0
 
 Step = Literal["begin", "produced", "offsets_sent", "committing", "committed", "aborted"]
 Verdict = Literal["fatal", "abort", "retry"]
@@ -131,33 +142,42 @@ class Backoff:
         return min(self.cap_s, self.first_s * 2 ** (attempt - 1))
 
 
-@dataclass
 class Transaction:
     """An open transaction; produce into it, send offsets, then leave the
     `with` block to commit."""
 
-    producer: Producer
-    deadline_s: float
-    _sent: int = field(default=0, init=False)
+    __slots__ = ("producer", "deadline_s", "_produce")
+
+    def __init__(self, producer: Producer, deadline_s: float) -> None:
+        self.producer = producer
+        self.deadline_s = deadline_s
+        self._produce = producer.produce
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None,
                 partition: int | None = None,
                 headers: list[tuple[str, bytes]] | None = None) -> None:
-        """Produce, waiting out a full local queue within the deadline."""
+        """Produce, waiting out a full local queue within the deadline. The
+        publisher's hot path: one C call when the queue has room."""
+        try:
+            self._produce(topic, value, key, -1 if partition is None else partition,
+                          headers=headers)
+        except BufferError:
+            self._produce_when_room(topic, value, key, partition, headers)
+
+    def _produce_when_room(self, topic: str, value: bytes, key: bytes | None,
+                           partition: int | None,
+                           headers: list[tuple[str, bytes]] | None) -> None:
         deadline = time.monotonic() + self.deadline_s
-        kwargs: dict[str, Any] = {"key": key, "headers": headers}
-        if partition is not None:
-            kwargs["partition"] = partition
         while True:
+            self.producer.poll(0.05)
             try:
-                self.producer.produce(topic, value, **kwargs)
-                self._sent += 1
+                self._produce(topic, value, key, -1 if partition is None else partition,
+                              headers=headers)
                 return
             except BufferError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the producer queue stayed full for "
                                        f"{self.deadline_s:.0f}s") from None
-                self.producer.poll(0.05)
 
 
 class Transactions:
@@ -278,3 +298,30 @@ class Transactions:
                     f"could not abort a transaction of {self.transactional_id} "
                     f"({error.str() if error else exc}); restarting from committed state "
                     "is the only safe way on") from None
+
+
+def start(settings: Settings, transactional_id: str, *,
+          config: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+          hooks: TransactionHooks | None = None,
+          watchdog: Watchdog | None = None) -> Transactions:
+    """The transactional producer of `transactional_id`, initialized: every
+    earlier incarnation is fenced and its open transaction aborted, so the
+    committed state read next is final. Raises KafkaFatal (one line) when
+    the broker refuses or does not answer within INIT_TIMEOUT_S.
+
+    Parameters: `config` (librdkafka settings over the shared ones),
+    `timeout_s` (each transaction step's deadline), `hooks`, `watchdog`
+    (bounds `init_transactions` and every later step)."""
+    producer = clients.transactional_producer(settings, transactional_id, config)
+    guard: AbstractContextManager[None] = (
+        watchdog.guard("init_transactions", INIT_TIMEOUT_S * 2 + 10)
+        if watchdog is not None else nullcontext())
+    try:
+        with guard:
+            producer.init_transactions(INIT_TIMEOUT_S)
+    except KafkaException as exc:
+        raise KafkaFatal(f"could not start transactional producer {transactional_id}: "
+                         f"{exc.args[0] if exc.args else exc}") from None
+    return Transactions(producer, transactional_id=transactional_id, timeout_s=timeout_s,
+                        hooks=hooks, watchdog=watchdog)
+
