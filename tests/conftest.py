@@ -7,13 +7,19 @@ Where they come from:
    `tokenmill dev images` builds, run by testcontainers through podman's
    Docker-compatible API (tokenmill sets podman up when it is missing);
 3. else (`native`, the default): the dev stack (`tokenmill dev up`
-   machinery) in a temporary state directory on free ports.
+   machinery) in a temporary state directory on free ports, ONE for the
+   whole session however many xdist workers it has: the first worker that
+   needs it starts it (under a file lock in a directory the controller
+   made), the others find it there, and the controller stops it at the end.
 Whatever the session started is stopped at its end.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,20 +68,51 @@ def _from_containers(tmp: Path) -> Iterator[Services]:
                        s3_access_key="testing", s3_secret_key="testing", origin="containers")
 
 
-def _from_native(tmp: Path) -> Iterator[Services]:
+# The session's shared stack directory: made by the controller (the only
+# process without xdist), inherited by the workers through the environment.
+SHARED_STACK_DIR = "TOKENMILL_TEST_SHARED_STACK_DIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and SHARED_STACK_DIR not in os.environ:
+        os.environ[SHARED_STACK_DIR] = tempfile.mkdtemp(prefix="tokenmill-test-stack-")
+        config.stash[_made_stack_dir] = Path(os.environ[SHARED_STACK_DIR])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_made_stack_dir, None)
+    if made is None:
+        return
+    from devstack import stack
+
+    if stack.read_state(made / "stack") is not None:
+        stack.down(made / "stack")
+    shutil.rmtree(made, ignore_errors=True)
+    os.environ.pop(SHARED_STACK_DIR, None)
+
+
+_made_stack_dir = pytest.StashKey[Path]()
+
+
+def _from_native() -> Services:
+    """The session's one stack: started by the first process to ask, under a
+    lock; stopped by the controller (pytest_unconfigure)."""
     from devstack import s3_server, stack
 
-    state, _ = stack.up(stack.StackPlan.on_free_ports(tmp, kafka_heap="768m"))
-    try:
-        yield Services(
-            bootstrap_servers=state.bootstrap,
-            s3_endpoint_url=state.s3.address,
-            s3_access_key=s3_server.DEV_ACCESS_KEY,
-            s3_secret_key=s3_server.DEV_SECRET_KEY,
-            origin="native",
-        )
-    finally:
-        stack.down(tmp)
+    shared = Path(os.environ[SHARED_STACK_DIR])
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = stack.read_state(shared / "stack")
+        if state is None or not all(stack.running(state).values()):
+            state, _ = stack.up(stack.StackPlan.on_free_ports(shared / "stack",
+                                                              kafka_heap="768m"))
+    return Services(
+        bootstrap_servers=state.bootstrap,
+        s3_endpoint_url=state.s3.address,
+        s3_access_key=s3_server.DEV_ACCESS_KEY,
+        s3_secret_key=s3_server.DEV_SECRET_KEY,
+        origin="native",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +129,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     elif service_mode() == "containers":
         yield from _from_containers(tmp_path_factory.mktemp("podman"))
     else:
-        yield from _from_native(tmp_path_factory.mktemp("stack"))
+        yield _from_native()
 
 
 @pytest.fixture
