@@ -21,19 +21,21 @@ demo: prerequisites $(VENV)/.installed-local
 
 # Tests marked `alone` compare a prediction with a timed run: they run after
 # the rest, with nothing beside them (exit code 5: ARGS selected none of them).
+# --durations=30: the slowest tests are visible in every run's log.
 test: prerequisites $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest -q -m "not alone and not containers" $(ARGS)
-	$(VENV)/bin/python -m pytest -q -n 0 -m alone $(ARGS) || [ $$? -eq 5 ]
+	$(VENV)/bin/python -m pytest -q --durations=30 -m "not alone and not containers" $(ARGS)
+	$(VENV)/bin/python -m pytest -q --durations=30 -n 0 -m alone $(ARGS) || [ $$? -eq 5 ]
 
-# The end-to-end tests (exactly once with crashes, and the compose stack) with
-# the broker and S3 server in containers: podman set up and the images built
-# by `tokenmill dev images` (installs podman when missing; cached after the
-# first run), then testcontainers through podman's Docker-compatible API.
-# The regenerate-turns e2e tests run natively only (`make test`).
-CONTAINER_TESTS = tests/e2e/test_pipeline.py tests/e2e/test_compose.py
+# The compose stack's exactly-once test on containers: podman set up and the
+# images built by `tokenmill dev images` (installs podman when missing; cached
+# after the first run), then podman-compose through podman's Docker-compatible
+# API. The exactly-once test with crashes (tests/e2e/test_pipeline.py) runs
+# once, natively, in `make test`; TOKENMILL_TEST_SERVICES=containers runs it
+# (or any broker test) against containers by hand.
+CONTAINER_TESTS = tests/e2e/test_compose.py
 test-containers: prerequisites $(VENV)/.installed-test
 	$(VENV)/bin/tokenmill dev images
-	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q -n 0 $(CONTAINER_TESTS) $(ARGS)
+	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q --durations=30 -n 0 $(CONTAINER_TESTS) $(ARGS)
 
 prerequisites:
 	@$(PYTHON) -m devstack.prerequisites

@@ -60,10 +60,11 @@ def _dry_run(target: str, venv: Path) -> list[str]:
 @pytest.mark.parametrize(("target", "extra", "last"), [
     ("demo", "local", "{venv}/bin/tokenmill demo"),
     # the `alone` tests after the rest, on their own (see the Makefile)
-    ("test", "test", "{venv}/bin/python -m pytest -q -n 0 -m alone || [ $? -eq 5 ]"),
+    ("test", "test",
+     "{venv}/bin/python -m pytest -q --durations=30 -n 0 -m alone || [ $? -eq 5 ]"),
     ("test-containers", "test",
-     "TOKENMILL_TEST_SERVICES=containers {venv}/bin/python -m pytest -q -n 0 "
-     "tests/e2e/test_pipeline.py tests/e2e/test_compose.py"),
+     "TOKENMILL_TEST_SERVICES=containers {venv}/bin/python -m pytest -q --durations=30 -n 0 "
+     "tests/e2e/test_compose.py"),
 ])
 def test_make_targets_check_then_create_install_and_run(tmp_path: Path, target: str,
                                                         extra: str, last: str) -> None:
