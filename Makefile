@@ -2,10 +2,11 @@
 #   make demo   the whole pipeline on this machine (Kafka, S3, simulated GPUs)
 #   make test   the test suite
 #   make test-containers   the exactly-once end-to-end tests on containers (podman;
-#                          CI runs it before `make test`; root on Debian, see README)
+#                          CI runs it before `make test`; root on Debian, see docs/tests.md)
 #   make check-monitoring   promtool's checks of the shipped Prometheus files (opt-in: needs Go)
-#   make docs   the manual (docs/, MkDocs) built into site/ with --strict: a broken
-#               link or anchor, or a flag table naming no command, fails
+#   make docs   the manual (docs/, MkDocs) built into site/ with --strict (a broken
+#               link or anchor, or a flag table naming no command, fails); it
+#               needs no Java or Maven and skips the machine check
 # Each checks the machine first (Python 3.11+, Java 17+, Maven: one line naming
 # what is missing), then creates or reuses the virtual environment $(VENV) and
 # installs into it what it needs; nothing is installed outside it.
