@@ -2,8 +2,11 @@
 #   make demo   the whole pipeline on this machine (Kafka, S3, simulated GPUs)
 #   make test   the test suite
 #   make test-containers   the exactly-once end-to-end tests on containers (podman;
-#                          CI runs it before `make test`; root on Debian, see README)
+#                          CI runs it before `make test`; root on Debian, see docs/tests.md)
 #   make check-monitoring   promtool's checks of the shipped Prometheus files (opt-in: needs Go)
+#   make docs   the manual (docs/, MkDocs) built into site/ with --strict (a broken
+#               link or anchor, or a flag table naming no command, fails); it
+#               needs no Java or Maven and skips the machine check
 # Each checks the machine first (Python 3.11+, Java 17+, Maven: one line naming
 # what is missing), then creates or reuses the virtual environment $(VENV) and
 # installs into it what it needs; nothing is installed outside it.
@@ -14,7 +17,7 @@ VENV ?= .venv
 ARGS ?=
 PIP_INSTALL = $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-containers prerequisites check-monitoring
+.PHONY: demo test test-containers prerequisites check-monitoring docs
 
 demo: prerequisites $(VENV)/.installed-local
 	$(VENV)/bin/tokenmill demo $(ARGS)
@@ -62,3 +65,9 @@ check-monitoring: $(VENV)/bin/promtool
 	$(VENV)/bin/promtool check rules $(PROMETHEUS_DIR)/alerts.yml
 	$(VENV)/bin/promtool check config $(PROMETHEUS_DIR)/prometheus.yml
 	$(VENV)/bin/promtool test rules tests/install/alerts_test.yml
+
+# The manual: MkDocs (Material) over docs/, with the `docs` extra in $(VENV).
+# Offline; the flag tables are generated from the click commands at build
+# time (docs/hooks/flags.py). No machine check: it needs neither Java nor Maven.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site

@@ -1,12 +1,13 @@
-"""The README's benchmark table, rebuilt from the raw results the benchmarks
+"""The manual's benchmark table, rebuilt from the raw results the benchmarks
 wrote (`bench/results/*.json`): wall-clock figures, the baseline measured in
 the same run, the verdict, CPU seconds apart, and the method of each figure,
 then the command, date and machine load of each run. The table lives
-between `<!-- bench:start -->` and `<!-- bench:end -->` in README.md; a test
-fails when it differs from what this renders.
+between `<!-- bench:start -->` and `<!-- bench:end -->` in docs/benchmarks.md;
+a test fails when it differs from what this renders.
 
-    python bench/report.py            # rewrite the README's table
-    python bench/report.py --check    # exit 1 if the README's table is stale
+    python bench/report.py            # rewrite the table in docs/benchmarks.md
+    python bench/report.py --check    # exit 1 if that table is stale
+    python bench/report.py --page P   # another page (--readme P: the old name)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "benchmarks.md"
 sys.path.insert(0, str(ROOT))
 
 from bench.figures import Figure, Results, cpu_cell, read
@@ -74,28 +76,30 @@ def load(directory: Path) -> dict[str, Results]:
     return {path.name: read(path) for path in sorted(directory.glob("*.json"))}
 
 
-def replace_block(readme: str, block: str) -> str:
-    head, start, rest = readme.partition(START)
+def replace_block(page: str, block: str) -> str:
+    """`page` with the text between the markers replaced by `block`."""
+    head, start, rest = page.partition(START)
     _, end, tail = rest.partition(END)
     if not start or not end:
-        raise SystemExit(f"README.md has no {START} ... {END} section")
+        raise SystemExit(f"the page has no {START} ... {END} section")
     return f"{head}{START}\n{block}\n{END}{tail}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README is stale")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page's table is stale")
+    parser.add_argument("--page", "--readme", dest="page", type=Path, default=PAGE,
+                        help="the page holding the table (default: docs/benchmarks.md)")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    text = args.readme.read_text()
+    text = args.page.read_text()
     updated = replace_block(text, render(load(args.results)))
     if args.check:
         if updated != text:
-            sys.exit(f"{args.readme}: the benchmark table differs from {args.results}; "
+            sys.exit(f"{args.page}: the benchmark table differs from {args.results}; "
                      "run python bench/report.py")
         return
-    args.readme.write_text(updated)
+    args.page.write_text(updated)
 
 
 if __name__ == "__main__":

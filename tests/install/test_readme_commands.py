@@ -1,6 +1,7 @@
-"""Every `tokenmill ...` command line in the README's code blocks names a
-command that exists and only flags that command takes: the manual stays
-true when flags are renamed or removed."""
+"""Every `tokenmill ...` command line in the code blocks of the README and of
+the manual's pages (`docs/**/*.md`) names a command that exists and only
+flags that command takes: the manual stays true when flags are renamed or
+removed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import click
 
 from tokenmill.cli import cli
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CHECKOUT = Path(__file__).resolve().parents[2]
+README = CHECKOUT / "README.md"
+DOCS = CHECKOUT / "docs"
 BLOCK = re.compile(r"```(?:bash|console|sh)\n(.*?)```", re.S)
 
 
@@ -28,6 +31,17 @@ def command_lines(text: str) -> list[str]:
                 if part.startswith("tokenmill "):
                     found.append(part.split(" #", 1)[0].strip())
     return found
+
+
+def pages() -> list[Path]:
+    """The README and every page of the manual."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def manual_lines() -> list[tuple[str, str]]:
+    """(page, command line) over the README and the manual."""
+    return [(str(page.relative_to(CHECKOUT)), line)
+            for page in pages() for line in command_lines(page.read_text())]
 
 
 def resolve(words: list[str]) -> tuple[click.Command, list[str]]:
@@ -48,15 +62,17 @@ def flags_of(command: click.Command) -> set[str]:
     return names
 
 
-def test_the_readme_shows_many_commands() -> None:
-    lines = command_lines(README.read_text())
+def test_the_readme_and_the_manual_show_many_commands() -> None:
+    assert len(pages()) > 20, "the manual's pages are not where this test reads them"
+    assert command_lines(README.read_text()), "the README shows no command"
+    lines = [line for _, line in manual_lines()]
     assert len(lines) > 40
     assert any(line.startswith("tokenmill status --run") and "--check" in line for line in lines)
 
 
-def test_every_readme_command_line_uses_real_commands_and_flags() -> None:
+def test_every_readme_and_manual_command_line_uses_real_commands_and_flags() -> None:
     problems = []
-    for line in command_lines(README.read_text()):
+    for page, line in manual_lines():
         try:
             words = shlex.split(line)[1:]
         except ValueError:
@@ -64,13 +80,13 @@ def test_every_readme_command_line_uses_real_commands_and_flags() -> None:
         try:
             command, rest = resolve(words)
         except AssertionError as exc:
-            problems.append(f"{line}: {exc}")
+            problems.append(f"{page}: {line}: {exc}")
             continue
         known = flags_of(command)
         for word in rest:
             flag = word.split("=", 1)[0]
             if flag.startswith("--") and flag not in known:
-                problems.append(f"{line}: {command.name} has no {flag}")
+                problems.append(f"{page}: {line}: {command.name} has no {flag}")
     assert problems == []
 
 
