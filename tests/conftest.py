@@ -26,9 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from devstack.private import PrivateStack
 from tokenmill.settings import Settings
+
+
+# Properties are about values, not speed: an example that takes over
+# hypothesis's default 200 ms on a loaded machine is not a failure.
+hypothesis_settings.register_profile("tokenmill", deadline=None)
+hypothesis_settings.load_profile("tokenmill")
 
 
 @pytest.fixture(scope="session", autouse=True)
