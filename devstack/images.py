@@ -35,9 +35,10 @@ MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "openjdk-17-jre-headless", "ca-certificates")
 REPOSITORY = "localhost"
 LOCAL_TAG = "local"
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# pyproject.toml's packages: what tokenmill's wheel carries.
-PACKAGES = ("tokenmill", "schemas", "producer", "consumer", "sink", "ops")
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# pyproject.toml's packages and shipped folders: what tokenmill's wheel carries.
+PACKAGES = ("tokenmill", "schemas", "producer", "consumer", "sink", "ops", "sglang_sim",
+            "devstack", "deploy", "docker")
 # Not part of a release build (tests/install/test_wheel.py builds the same way).
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", ".tokenmill", "*.egg-info",
                                     "__pycache__", "tests", "bench")

@@ -106,3 +106,16 @@ def test_the_test_broker_advertises_the_port_it_is_mapped_to() -> None:
     assert env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://127.0.0.1:41234"
     assert env["KAFKA_LISTENERS"].startswith("PLAINTEXT://0.0.0.0:41234,")
     assert env["CLUSTER_ID"] == "cid"
+
+
+def test_the_image_sources_are_the_checkout_and_what_the_wheel_carries() -> None:
+    """The packages hashed into the tokenmill image's tag are the packages and
+    folders pyproject ships, read from this checkout."""
+    import tomllib
+
+    pyproject = tomllib.loads((images.PROJECT_ROOT / "pyproject.toml").read_text())
+    setuptools = pyproject["tool"]["setuptools"]
+    shipped = {name.split(".")[0] for name in setuptools["packages"]}
+    shipped |= set(setuptools["package-dir"].values())
+    assert set(images.PACKAGES) == shipped
+    assert all((images.PROJECT_ROOT / package).is_dir() for package in images.PACKAGES)
