@@ -186,7 +186,8 @@ def _wait(settings: Settings, run_id: str, children: list[Child], timeout_s: flo
             failed = [c for c, code in zip(children, codes) if code not in (None, 0)]
             if failed:
                 for child in failed:
-                    console.print(f"[red]{child.name} exited with {child.poll()}[/]\n{child.tail()}")
+                    console.print(
+                        f"[red]{child.name} exited with {child.poll()}[/]\n{child.tail()}")
                 return False
             if all(code == 0 for code in codes):
                 return True

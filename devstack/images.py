@@ -244,8 +244,10 @@ def _build_all(source: Path, jars: Path, work_root: Path,
             _build(ref, project_context, base,
                    "PIP_OPTIONS=--no-index --find-links /opt/tokenmill/context/wheels")
 
-        project = _ensure("tokenmill", [("base", base.encode()), ("Dockerfile", dockerfile.encode()),
-                                        *source_parts(source)], on_progress, build_project)
+        project = _ensure("tokenmill",
+                          [("base", base.encode()), ("Dockerfile", dockerfile.encode()),
+                           *source_parts(source)],
+                          on_progress, build_project)
     return Images(base=base, kafka=kafka, s3=s3, tokenmill=project)
 
 

@@ -94,7 +94,9 @@ class _Optional(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
             return None
         try:
-            return FiniteFloat().convert(value, param, ctx) if self.inner is float else self.inner(value)
+            if self.inner is float:
+                return FiniteFloat().convert(value, param, ctx)
+            return self.inner(value)
         except (ValueError, click.BadParameter):
             self.fail(f"{value!r} is not a valid {self.inner.__name__} or 'none'", param, ctx)
 

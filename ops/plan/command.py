@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import get_args
 
 import click
 import msgspec
@@ -15,6 +16,7 @@ from ops.plan.build import Costing
 from ops.plan.report import render
 from ops.plan.runner import PlanError, PlanOptions, make_plan
 from producer.errors import ProducerError
+from schemas.run import MultiTurnPolicy
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.settings import Settings
 
@@ -71,7 +73,7 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
 @click.option("--model", default="default", show_default=True, help="Model name for requests.")
 @click.option("--thinking/--no-thinking", default=True, show_default=True,
               help="Ask for the model's reasoning (as the run will).")
-@click.option("--multi-turn", type=click.Choice(["last-user", "strip-assistant", "per-user-turn", "regenerate-turns"]),
+@click.option("--multi-turn", type=click.Choice(list(get_args(MultiTurnPolicy))),
               default="last-user", show_default=True, help="As for produce.")
 @click.option("--tools", "tool_mode", type=click.Choice(["structured", "as-given"]),
               default="structured", show_default=True, help="As for produce.")
