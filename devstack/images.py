@@ -151,6 +151,7 @@ def _build_base(ref: str, work: Path) -> None:
                 entry.unlink()
     tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                            stdout=subprocess.PIPE)
+    assert tar.stdout is not None  # stdout=PIPE
     try:
         _podman("import", "--change", 'CMD ["/bin/bash"]', "-", ref, stdin=tar.stdout.fileno())
     finally:

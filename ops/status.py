@@ -26,7 +26,7 @@ from rich.text import Text
 
 from consumer.fleet import worker_of
 from ops.dataset.coverage import coverage_line, lineage_coverage
-from ops.health import Health, Thresholds, assess, is_live, live_rates
+from ops.health import Health, MemberState, Thresholds, assess, is_live, live_rates
 from ops.status_report import to_report
 from schemas import RunSpec
 from schemas.progress import ServerSnapshot
@@ -334,9 +334,9 @@ def _verdict(health: Health) -> Text:
 _STATE_STYLE = {"active": "green", "stale": "yellow", "stopped": "dim", "dead": "bold red"}
 
 
-def _state(state: str, breaker: str = "") -> Text:
+def _state(state: MemberState, breaker: str = "") -> Text:
     text = Text(state, style=_STATE_STYLE.get(state, ""))
-    if breaker and is_live(state):  # type: ignore[arg-type]
+    if breaker and is_live(state):
         text.append(" (breaker open)", style="yellow")
     return text
 

@@ -115,13 +115,13 @@ class LineageIndex:
         held = ACCEPTED if run.complete else OPEN
         states = self._states
         for pid, past in states.items():
-            code = found.pop(pid, None)
+            letter = found.pop(pid, None)
             member = self._member(k, past)
-            if code is not None:
+            if letter is not None:
                 if not member:
                     self.anomalies[f"{run.run_id}: a dead letter for a prompt the run does "
                                    "not hold"] += 1
-                states[pid] = past + code
+                states[pid] = past + letter
             else:
                 states[pid] = past + (held if member else ABSENT)
         if found:
