@@ -4,6 +4,7 @@
 #   make test-containers   the exactly-once end-to-end tests on containers (podman;
 #                          CI runs it before `make test`; root on Debian, see README)
 #   make check-monitoring   promtool's checks of the shipped Prometheus files (opt-in: needs Go)
+#   make lint   ruff over the tree, and mypy --strict over the packages
 # Each checks the machine first (Python 3.11+, Java 17+, Maven: one line naming
 # what is missing), then creates or reuses the virtual environment $(VENV) and
 # installs into it what it needs; nothing is installed outside it.
@@ -14,7 +15,7 @@ VENV ?= .venv
 ARGS ?=
 PIP_INSTALL = $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-containers prerequisites check-monitoring
+.PHONY: demo test test-containers prerequisites check-monitoring lint
 
 demo: prerequisites $(VENV)/.installed-local
 	$(VENV)/bin/tokenmill demo $(ARGS)
@@ -34,6 +35,11 @@ CONTAINER_TESTS = tests/e2e/test_pipeline.py tests/e2e/test_compose.py
 test-containers: prerequisites $(VENV)/.installed-test
 	$(VENV)/bin/tokenmill dev images
 	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q -n 0 $(CONTAINER_TESTS) $(ARGS)
+
+# Ruff's rules and mypy's strictness are in pyproject.toml.
+lint: prerequisites $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy schemas tokenmill producer consumer sink ops sglang_sim devstack
 
 prerequisites:
 	@$(PYTHON) -m devstack.prerequisites
