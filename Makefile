@@ -7,6 +7,7 @@
 #   make docs   the manual (docs/, MkDocs) built into site/ with --strict (a broken
 #               link or anchor, or a flag table naming no command, fails); it
 #               needs no Java or Maven and skips the machine check
+#   make lint   ruff over the tree, and mypy --strict over the packages
 # Each checks the machine first (Python 3.11+, Java 17+, Maven: one line naming
 # what is missing), then creates or reuses the virtual environment $(VENV) and
 # installs into it what it needs; nothing is installed outside it.
@@ -17,7 +18,7 @@ VENV ?= .venv
 ARGS ?=
 PIP_INSTALL = $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-containers prerequisites check-monitoring docs
+.PHONY: demo test test-containers prerequisites check-monitoring docs lint
 
 demo: prerequisites $(VENV)/.installed-local
 	$(VENV)/bin/tokenmill demo $(ARGS)
@@ -39,6 +40,11 @@ CONTAINER_TESTS = tests/e2e/test_compose.py
 test-containers: prerequisites $(VENV)/.installed-test
 	$(VENV)/bin/tokenmill dev images
 	TOKENMILL_TEST_SERVICES=containers $(VENV)/bin/python -m pytest -q --durations=30 -n 0 $(CONTAINER_TESTS) $(ARGS)
+
+# Ruff's rules and mypy's strictness are in pyproject.toml.
+lint: prerequisites $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy schemas tokenmill producer consumer sink ops sglang_sim devstack
 
 prerequisites:
 	@$(PYTHON) -m devstack.prerequisites

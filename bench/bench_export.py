@@ -38,6 +38,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -132,6 +133,17 @@ def text_pool(size: int, chars: int, seed: int) -> list[str]:
     return [" ".join(rng.choices(words, k=chars // 4))[:chars] for _ in range(size)]
 
 
+def produce_waiting(producer: Any, topic: str, **record: Any) -> None:
+    """Produce one record, polling while the producer's local queue is full:
+    the bench writes faster than the producer drains."""
+    while True:
+        try:
+            producer.produce(topic, **record)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
                   content_chars: int, console: Console) -> tuple[str, list[str], float]:
     """(root run id, S3 prefixes of the runs, mean line bytes)."""
@@ -198,14 +210,9 @@ def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
                                           detail="finish_reason=length", source_topic="bench",
                                           source_partition=p, source_offset=offsets[p],
                                           record=record)
-                    while True:
-                        try:
-                            dlq.produce(topics.dlq_topic(root.run_id), key=record.id.encode(),
-                                        value=msgspec.json.encode(envelope),
-                                        headers=[(HEADER_REASON, b"length")], partition=p)
-                            break
-                        except BufferError:
-                            dlq.poll(0.05)
+                    produce_waiting(dlq, topics.dlq_topic(root.run_id), key=record.id.encode(),
+                                    value=msgspec.json.encode(envelope),
+                                    headers=[(HEADER_REASON, b"length")], partition=p)
                 else:
                     line = sample_line(completion(spec, i, finish))
                     total_bytes += len(line)

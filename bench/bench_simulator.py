@@ -131,7 +131,8 @@ class _Conn(asyncio.Protocol):
                     return
                 head = bytes(self.buf[:end]).lower()
                 pos = head.find(b"content-length:")
-                length = int(head[pos + 15 : head.find(b"\r\n", pos) if head.find(b"\r\n", pos) > 0 else None])
+                eol = head.find(b"\r\n", pos)
+                length = int(head[pos + 15 : eol if eol > 0 else None])
                 self.status_ok = head.startswith(b"http/1.1 200")
                 del self.buf[: end + 4]
                 self.need = length

@@ -59,7 +59,8 @@ def bench_settings(kafka_heap: str = "1g", services_cores: set[int] | None = Non
 def child_env(settings: Settings) -> dict[str, str]:
     """The environment for a `tokenmill` child process: this checkout's code,
     and the services above as the variables it reads."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENMILL_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
+               TOKENMILL_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
                TOKENMILL_STATE_DIR=str(settings.state_dir), TOKENMILL_LOG_FORMAT="json")
     if settings.s3_endpoint_url:
         env["TOKENMILL_S3_ENDPOINT_URL"] = settings.s3_endpoint_url

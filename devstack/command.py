@@ -59,7 +59,8 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
     if max(ports) > 65535 or len(set(ports)) < len(ports):
         raise click.UsageError(f"--kafka-port, --controller-port and --s3-port must leave "
                                f"{len(ports)} distinct ports up to 65535 for {brokers} "
-                               "broker(s) (node i uses --kafka-port + 2i and --controller-port + 2i)")
+                               "broker(s) (node i uses --kafka-port + 2i and "
+                               "--controller-port + 2i)")
     plan = stack.StackPlan.on_ports(
         writable_state_dir(settings), kafka_port=kafka_port, controller_port=controller_port,
         brokers=brokers, s3_port=s3_port, bucket=bucket, kafka_heap=kafka_heap,

@@ -91,7 +91,8 @@ def ensure_packages() -> None:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise EngineError(f"missing: {', '.join(missing)} (install them: apt-get install "
-                          f"{' '.join(missing)}; tokenmill installs them itself only as root on Debian)")
+                          f"{' '.join(missing)}; tokenmill installs them itself only as root "
+                          "on Debian)")
     log.info("installing the container engine from Debian", packages=missing)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]

@@ -186,7 +186,8 @@ def _wait(settings: Settings, run_id: str, children: list[Child], timeout_s: flo
             failed = [c for c, code in zip(children, codes) if code not in (None, 0)]
             if failed:
                 for child in failed:
-                    console.print(f"[red]{child.name} exited with {child.poll()}[/]\n{child.tail()}")
+                    console.print(
+                        f"[red]{child.name} exited with {child.poll()}[/]\n{child.tail()}")
                 return False
             if all(code == 0 for code in codes):
                 return True
@@ -205,6 +206,7 @@ def _save_output(settings: Settings, run_id: str, stack_state: stack.StackState,
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from tokenmill.kafka import topics
+    from tokenmill.kafka.committed import value_of
 
     output.mkdir(parents=True, exist_ok=True)
     s3 = boto3.client("s3", endpoint_url=stack_state.s3.address, region_name="us-east-1")
@@ -230,17 +232,18 @@ def _save_output(settings: Settings, run_id: str, stack_state: stack.StackState,
     with open(output / "dlq.jsonl", "wb") as dlq_file:
         while remaining:
             for message in consumer.consume(500, timeout=1.0):
-                if message.error():
-                    if message.error().code() == KafkaError._PARTITION_EOF:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         remaining.discard(message.partition())
                     continue
-                dlq_file.write(message.value() + b"\n")
+                dlq_file.write(value_of(message) + b"\n")
                 dlq += 1
     consumer.close()
     return {"objects": objects, "lines": lines, "dlq": dlq}
 
 
-def _report(s: dict, saved: dict[str, int], output: Path, elapsed: float, keep: bool,
+def _report(s: dict[str, Any], saved: dict[str, int], output: Path, elapsed: float, keep: bool,
             stack_state: stack.StackState) -> None:
     table = Table(title=f"tokenmill demo: run {s['run']}")
     table.add_column("what")

@@ -152,6 +152,7 @@ def _build_base(ref: str, work: Path) -> None:
                 entry.unlink()
     tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                            stdout=subprocess.PIPE)
+    assert tar.stdout is not None  # stdout=PIPE
     try:
         _podman("import", "--change", 'CMD ["/bin/bash"]', "-", ref, stdin=tar.stdout.fileno())
     finally:
@@ -245,8 +246,10 @@ def _build_all(source: Path, jars: Path, work_root: Path,
             _build(ref, project_context, base,
                    "PIP_OPTIONS=--no-index --find-links /opt/tokenmill/context/wheels")
 
-        project = _ensure("tokenmill", [("base", base.encode()), ("Dockerfile", dockerfile.encode()),
-                                        *source_parts(source)], on_progress, build_project)
+        project = _ensure("tokenmill",
+                          [("base", base.encode()), ("Dockerfile", dockerfile.encode()),
+                           *source_parts(source)],
+                          on_progress, build_project)
     return Images(base=base, kafka=kafka, s3=s3, tokenmill=project)
 
 

@@ -150,7 +150,8 @@ class NodePlan:
 def java_command(plan: NodePlan, lib: Path, main: str, *args: str) -> list[str]:
     tool = main != "kafka.Kafka"
     return [
-        "java", f"-Xmx{plan.heap}" if not tool else "-Xmx256m", "-Xms128m" if not tool else "-Xms32m",
+        "java",
+        f"-Xmx{plan.heap}" if not tool else "-Xmx256m", "-Xms128m" if not tool else "-Xms32m",
         "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1" if tool else "-XX:+UseStringDeduplication",
         f"-Dkafka.logs.dir={plan.logs_dir}",
         f"-Dlog4j2.configurationFile={plan.home / 'log4j2.properties'}",
@@ -180,7 +181,8 @@ def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str) -> None:
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
         plan.config_path.write_text(kraft.server_properties(
             nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster))
-        (plan.home / "log4j2.properties").write_text(deploy_files.read_text("deploy/kafka/log4j2.properties"))
+        (plan.home / "log4j2.properties").write_text(
+            deploy_files.read_text("deploy/kafka/log4j2.properties"))
         if (plan.data_dir / "meta.properties").is_file():
             continue
         # "=" form: a base64 id may start with "-", which argparse would take for an option.

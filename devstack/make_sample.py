@@ -93,7 +93,8 @@ ALPACA = [
     ("Extract every person and city named in the text.",
      "Marie Curie moved from Warsaw to Paris, where she met Pierre Curie."),
     ("Convert the temperature to Fahrenheit.", "37 degrees Celsius"),
-    ("Write a product description for the item.", "A stainless steel insulated water bottle, 750 ml"),
+    ("Write a product description for the item.",
+     "A stainless steel insulated water bottle, 750 ml"),
     ("Give three synonyms for the word.", "resilient"),
     ("Turn the list into a grammatical sentence.", "milk, eggs, flour, sugar"),
     ("Explain what the code does.", "print(sorted(set(words), key=len)[-1])"),
@@ -130,8 +131,10 @@ ALPACA = [
     ("List the steps.", "How to change a flat bicycle tyre"),
     ("Paraphrase the sentence.", "The quick brown fox jumps over the lazy dog."),
     ("Determine whether the number is prime.", "221"),
-    ("Recommend a book for the reader.", "Someone who loved 'The Martian' and wants more hard sci-fi"),
-    ("Write a short apology to the customer.", "The order arrived a week late and the box was damaged."),
+    ("Recommend a book for the reader.",
+     "Someone who loved 'The Martian' and wants more hard sci-fi"),
+    ("Write a short apology to the customer.",
+     "The order arrived a week late and the box was damaged."),
     ("Name the chemical formula.", "table salt"),
     ("Split the task into subtasks.", "Migrate a web app from a single VM to Kubernetes"),
     ("Explain the difference between the two terms.", "latency and throughput"),
@@ -269,7 +272,8 @@ def sharegpt(rng: random.Random) -> list[dict[str, Any]]:
         style = i % 4
         if style in (1, 3):
             turns.append({"from": "system", "value": SYSTEMS[i % len(SYSTEMS)]})
-        variant = f" (asked {['today', 'for a class', 'at work', 'for a friend', 'again'][i // len(CHATS)]})"
+        asked = ['today', 'for a class', 'at work', 'for a friend', 'again'][i // len(CHATS)]
+        variant = f" (asked {asked})"
         turns.append({"from": "human", "value": q + variant})
         turns.append({"from": "gpt", "value": a})
         if style >= 2:
@@ -319,7 +323,8 @@ def hermes(rng: random.Random) -> list[dict[str, Any]]:
         turns = [
             {"from": "system", "value": HERMES_PREAMBLE.format(tools=tools_text)},
             {"from": "human", "value": fill(q, city)},
-            {"from": "gpt", "value": f"<tool_call>\n{repr(call) if i % 2 else json.dumps(call)}\n</tool_call>"},
+            {"from": "gpt",
+             "value": f"<tool_call>\n{repr(call) if i % 2 else json.dumps(call)}\n</tool_call>"},
             {"from": "tool", "value": f"<tool_response>\n{json.dumps(result)}\n</tool_response>"},
             {"from": "gpt", "value": fill(answer, city)},
         ]
@@ -340,7 +345,8 @@ def plain() -> list[dict[str, Any]]:
 MESSY = [
     b'{"prompt": "What is the boiling point of water at the top of Everest?"}',
     b'{"conversations": [{"from": "human", "value": "This line was cut off mid-recor',
-    b'{"conversations": [{"from": "system", "value": "You are helpful."}, {"from": "gpt", "value": "Hi!"}]}',
+    b'{"conversations": [{"from": "system", "value": "You are helpful."}, '
+    b'{"from": "gpt", "value": "Hi!"}]}',
     b'{"conversations": [{"from": "narrator", "value": "It was a dark and stormy night."}]}',
     b'{"prompt": "Explain why the sky is blue to a curious ten-year-old."}',  # a duplicate
     b'{"messages": [{"role": "user", "content": "How do I read a file line by line in Go?"}]}',

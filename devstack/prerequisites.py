@@ -36,7 +36,8 @@ def java_major(version_output: str) -> int | None:
 def java_problem() -> str | None:
     java = shutil.which("java")
     if java is None:
-        return f"Java {JAVA_MIN}+ (java is not on PATH; Debian: apt-get install openjdk-17-jre-headless)"
+        return (f"Java {JAVA_MIN}+ (java is not on PATH; "
+                "Debian: apt-get install openjdk-17-jre-headless)")
     try:
         result = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
                                 check=False)

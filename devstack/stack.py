@@ -138,7 +138,8 @@ def read_state(state_dir: Path) -> StackState | None:
     try:
         return msgspec.json.decode(path.read_bytes(), type=StackState)
     except msgspec.DecodeError as exc:
-        raise StackError(f"cannot read {path} ({exc}); stop what it started and remove it") from None
+        raise StackError(
+            f"cannot read {path} ({exc}); stop what it started and remove it") from None
 
 
 def write_state(state_dir: Path, state: StackState) -> None:
@@ -182,7 +183,8 @@ def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState
     for node_plan in node_plans:
         argv = kafka_broker.broker_command(node_plan, lib)
         brokers.append(ServiceState(
-            name=f"kafka-{node_plan.node.node_id}", pid=kafka_broker.start(argv, node_plan.log_path),
+            name=f"kafka-{node_plan.node.node_id}",
+            pid=kafka_broker.start(argv, node_plan.log_path),
             address=node_plan.address, log=str(node_plan.log_path), argv=argv,
             ports=[node_plan.node.kafka_port, node_plan.node.controller_port]))
     state = StackState(brokers=brokers, s3=_start_s3(plan.host, plan.s3_port, plan.state_dir),

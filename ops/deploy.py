@@ -102,10 +102,12 @@ def systemd_files(plan: SystemdPlan, settings: Settings) -> list[RenderedFile]:
     }
     units = ["sglang@.service", "tokenmill-consume@.service", "tokenmill-sink@.service",
              "tokenmill-gpus.target"]
-    files = [RenderedFile(f"systemd/{unit}", deploy_files.render_file(f"deploy/systemd/{unit}", values))
+    files = [RenderedFile(f"systemd/{unit}",
+                          deploy_files.render_file(f"deploy/systemd/{unit}", values))
              for unit in units]
     files.append(RenderedFile("etc/tokenmill.env",
-                              deploy_files.render_file("deploy/systemd/tokenmill.env", values), 0o600))
+                              deploy_files.render_file("deploy/systemd/tokenmill.env", values),
+                              0o600))
     files.append(RenderedFile("etc/sglang.env",
                               deploy_files.render_file("deploy/systemd/sglang.env", values)))
     files.append(RenderedFile(f"etc/sink-{plan.run}.env",
@@ -122,9 +124,10 @@ def systemd_files(plan: SystemdPlan, settings: Settings) -> list[RenderedFile]:
         files.append(RenderedFile("kafka/log4j2.properties",
                                   deploy_files.read_text("deploy/kafka/log4j2.properties")))
         for node in nodes:
-            files.append(RenderedFile(f"kafka/{node.host}/server.properties", kraft.server_properties(
-                nodes, node, data_dir="/var/lib/kafka/data", cluster_id=plan.cluster_id,
-                listen_host="0.0.0.0")))
+            files.append(RenderedFile(
+                f"kafka/{node.host}/server.properties", kraft.server_properties(
+                    nodes, node, data_dir="/var/lib/kafka/data", cluster_id=plan.cluster_id,
+                    listen_host="0.0.0.0")))
     return files
 
 

@@ -142,16 +142,159 @@ def _age(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def _heartbeat_problems(members: list[MemberHealth]) -> list[Problem]:
+    """Members whose last record is late: stale, or dead (no longer counted)."""
+    problems: list[Problem] = []
+    for member in members:
+        subject = f"{member.kind} {member.instance}"
+        if member.state == "dead":
+            problems.append(Problem(
+                "warning", subject, f"dead: last heartbeat {_age(member.heartbeat_age_s)}"
+                f" ago (expected every {member.heartbeat_s:g}s)"))
+        elif member.state == "stale":
+            problems.append(Problem("warning", subject,
+                                    f"stale: last heartbeat {_age(member.heartbeat_age_s)} ago"))
+    return problems
+
+
+def _dead_list(names: dict[str, MemberHealth]) -> str:
+    return f" (dead: {', '.join(sorted(names))})" if names else ""
+
+
+def _unstaffed_problems(to_generate: int, to_persist: int,
+                        workers: dict[str, MemberHealth], sinks: dict[str, MemberHealth],
+                        live_workers: list[MemberHealth],
+                        live_sinks: list[MemberHealth]) -> list[Problem]:
+    """Work waiting with no live member to do it: each one stalls the run."""
+    problems: list[Problem] = []
+    if to_generate and not live_workers:
+        problems.append(Problem("critical", "run",
+                                f"stalled: no live worker, {to_generate:,} published prompts "
+                                "wait for generation" + _dead_list(workers)))
+    if to_persist and not live_sinks:
+        problems.append(Problem("critical", "run",
+                                f"stalled: no live sink, {to_persist:,} results wait to be "
+                                "persisted" + _dead_list(sinks)))
+    return problems
+
+
+def _open_breakers(state: RunProgress, workers: dict[str, MemberHealth]) -> dict[str, str]:
+    """Live workers whose circuit breaker is open, and its cause."""
+    return {c.instance: c.breaker for c in state.consumers.values()
+            if c.breaker and is_live(workers[c.instance].state)}
+
+
+def _breaker_problems(open_breakers: dict[str, str]) -> list[Problem]:
+    return [Problem("warning", f"worker {instance}",
+                    f"circuit breaker open: its server fails requests ({cause})")
+            for instance, cause in sorted(open_breakers.items())]
+
+
+def _unowned_problems(unowned: dict[int, float], to_generate: int,
+                      t: Thresholds) -> list[Problem]:
+    """Partitions with prompts to generate that no worker has owned for long."""
+    return [Problem("warning", f"partition {p}", f"owned by no worker for {_age(seconds)}")
+            for p, seconds in sorted(unowned.items())
+            if seconds >= t.unowned_after_s and to_generate]
+
+
+def _idle_reasons(state: RunProgress, workers: dict[str, MemberHealth],
+                  live_workers: list[MemberHealth], open_breakers: dict[str, str],
+                  unowned: dict[int, float], t: Thresholds) -> list[str]:
+    """What may keep live members from committing: the guesses an idle
+    stall names for the operator."""
+    reasons = []
+    if open_breakers and len(open_breakers) == len(live_workers):
+        reasons.append("every live worker's server is failing")
+    if any(s >= t.unowned_after_s for s in unowned.values()):
+        reasons.append("partitions owned by no worker")
+    wedged = [c.instance for c in state.consumers.values()
+              if is_live(workers[c.instance].state) and (c.partitions or c.in_flight)
+              and not c.breaker]
+    if wedged:
+        reasons.append(f"wedged? {', '.join(sorted(wedged))} heartbeat and hold "
+                       "partitions or requests but commit no results")
+    return reasons
+
+
+def _idle_stall(idle_for: float, reasons: list[str]) -> Problem:
+    return Problem("critical", "run", f"stalled: nothing committed for {_age(idle_for)}"
+                   + (f" ({'; '.join(reasons)})" if reasons else ""))
+
+
+def _upload_problems(state: RunProgress, sinks: dict[str, MemberHealth], now: float,
+                     t: Thresholds) -> list[Problem]:
+    """Live sinks whose S3 upload hangs or keeps failing."""
+    problems: list[Problem] = []
+    for s in state.sinks.values():
+        if not is_live(sinks[s.instance].state):
+            continue
+        subject = f"sink {s.instance}"
+        if s.uploading_since and now - s.uploading_since >= t.upload_stall_s:
+            problems.append(Problem(
+                "warning", subject, f"S3 upload in flight for {_age(now - s.uploading_since)}"
+                + (f"; {s.upload_errors} failed attempts, last: {s.last_error}"
+                   if s.upload_errors else "")))
+        elif s.upload_errors:
+            problems.append(Problem("warning", subject,
+                                    f"{s.upload_errors} failed S3 attempts (retried); last: "
+                                    f"{s.last_error}"))
+    return problems
+
+
+def _sink_exit_problems(state: RunProgress, sinks: dict[str, MemberHealth]) -> list[Problem]:
+    """Dead sinks whose last record is the error they exited on."""
+    return [Problem("critical", f"sink {s.instance}", f"exited on: {s.last_error}")
+            for s in state.sinks.values()
+            if sinks[s.instance].state == "dead" and s.last_error
+            and s.last_error_at >= s.updated_at - 1]
+
+
+def _quality_problems(state: RunProgress, t: Thresholds) -> list[Problem]:
+    """Shares of failures, truncated answers and dead letters over their
+    thresholds, once there are enough results to judge."""
+    problems: list[Problem] = []
+    generated = state.generated
+    failures = int(state.consumer_total("failures"))
+    if generated >= MIN_SAMPLE and failures / generated > t.max_failure_share:
+        problems.append(Problem("critical", "run", f"{100 * failures / generated:.1f}% of "
+                                f"results are failures (threshold "
+                                f"{100 * t.max_failure_share:g}%)"))
+    finish = state.consumer_counter("finish_reasons")
+    completed = sum(finish.values())
+    truncated = finish.get("length", 0)
+    if completed >= MIN_SAMPLE and truncated / completed > t.max_truncated_share:
+        problems.append(Problem("warning", "run", f"{100 * truncated / completed:.1f}% of "
+                                f"answers truncated at max_tokens (threshold "
+                                f"{100 * t.max_truncated_share:g}%)"))
+    persisted = state.persisted
+    dlq = sum(s.dlq_records for s in state.sinks.values())
+    if persisted >= MIN_SAMPLE and dlq / persisted > t.max_dlq_share:
+        problems.append(Problem("warning", "run", f"{100 * dlq / persisted:.1f}% of results "
+                                f"went to the dead-letter topic (threshold "
+                                f"{100 * t.max_dlq_share:g}%)"))
+    return problems
+
+
+def _run_state(state: RunProgress, stalled: bool) -> RunState:
+    if state.sink_done:
+        return "complete"
+    if stalled:
+        return "stalled"
+    if not state.producer:
+        return "waiting"
+    return "running"
+
+
 def assess(state: RunProgress, now: float, thresholds: Thresholds = Thresholds(),
            unowned: dict[int, float] | None = None) -> Health:
     """`unowned`: partitions of the generate group owned by no member, and
     for how many seconds (from `status`'s look at the group; None: unknown)."""
     t = thresholds
+    unowned = unowned or {}
     workers = {c.instance: _worker(c, now) for c in state.consumers.values()}
     sinks = {s.instance: _sink(s, now) for s in state.sinks.values()}
     problems: list[Problem] = []
-    add = problems.append
-    complete = state.sink_done
     to_generate = max(0, state.published - state.generated)
     to_persist = max(0, state.generated - state.persisted)
     live_workers = [w for w in workers.values() if is_live(w.state)]
@@ -161,97 +304,27 @@ def assess(state: RunProgress, now: float, thresholds: Thresholds = Thresholds()
     last_work = min(ages) if ages else None
     stalled = False
 
-    if not complete:
-        for member in [*workers.values(), *sinks.values()]:
-            subject = f"{member.kind} {member.instance}"
-            if member.state == "dead":
-                add(Problem("warning", subject, f"dead: last heartbeat {_age(member.heartbeat_age_s)}"
-                                                f" ago (expected every {member.heartbeat_s:g}s)"))
-            elif member.state == "stale":
-                add(Problem("warning", subject,
-                            f"stale: last heartbeat {_age(member.heartbeat_age_s)} ago"))
-        if to_generate and not live_workers:
-            stalled = True
-            add(Problem("critical", "run",
-                        f"stalled: no live worker, {to_generate:,} published prompts wait for "
-                        "generation" + (f" (dead: {', '.join(sorted(workers))})" if workers else "")))
-        if to_persist and not live_sinks:
-            stalled = True
-            add(Problem("critical", "run",
-                        f"stalled: no live sink, {to_persist:,} results wait to be persisted"
-                        + (f" (dead: {', '.join(sorted(sinks))})" if sinks else "")))
-        open_breakers = {c.instance: c.breaker for c in state.consumers.values()
-                         if c.breaker and is_live(workers[c.instance].state)}
-        for instance, cause in sorted(open_breakers.items()):
-            add(Problem("warning", f"worker {instance}",
-                        f"circuit breaker open: its server fails requests ({cause})"))
-        for p, seconds in sorted((unowned or {}).items()):
-            if seconds >= t.unowned_after_s and to_generate:
-                add(Problem("warning", f"partition {p}",
-                            f"owned by no worker for {_age(seconds)}"))
-        idle_for = last_work
+    if not state.sink_done:
+        problems += _heartbeat_problems([*workers.values(), *sinks.values()])
+        unstaffed = _unstaffed_problems(to_generate, to_persist, workers, sinks,
+                                        live_workers, live_sinks)
+        problems += unstaffed
+        stalled = bool(unstaffed)
+        open_breakers = _open_breakers(state, workers)
+        problems += _breaker_problems(open_breakers)
+        problems += _unowned_problems(unowned, to_generate, t)
         if (not stalled and (to_generate or to_persist) and (live_workers or live_sinks)
-                and idle_for is not None and idle_for > t.stall_after_s):
+                and last_work is not None and last_work > t.stall_after_s):
             stalled = True
-            reasons = []
-            if open_breakers and len(open_breakers) == len(live_workers):
-                reasons.append("every live worker's server is failing")
-            if any(s >= t.unowned_after_s for s in (unowned or {}).values()):
-                reasons.append("partitions owned by no worker")
-            wedged = [c.instance for c in state.consumers.values()
-                      if is_live(workers[c.instance].state) and (c.partitions or c.in_flight)
-                      and not c.breaker]
-            if wedged:
-                reasons.append(f"wedged? {', '.join(sorted(wedged))} heartbeat and hold "
-                               "partitions or requests but commit no results")
-            add(Problem("critical", "run", f"stalled: nothing committed for {_age(idle_for)}"
-                        + (f" ({'; '.join(reasons)})" if reasons else "")))
-        for s in state.sinks.values():
-            if not is_live(sinks[s.instance].state):
-                continue
-            subject = f"sink {s.instance}"
-            if s.uploading_since and now - s.uploading_since >= t.upload_stall_s:
-                add(Problem("warning", subject,
-                            f"S3 upload in flight for {_age(now - s.uploading_since)}"
-                            + (f"; {s.upload_errors} failed attempts, last: {s.last_error}"
-                               if s.upload_errors else "")))
-            elif s.upload_errors:
-                add(Problem("warning", subject,
-                            f"{s.upload_errors} failed S3 attempts (retried); last: "
-                            f"{s.last_error}"))
-        for s in state.sinks.values():
-            if sinks[s.instance].state == "dead" and s.last_error and (
-                    s.last_error_at >= s.updated_at - 1):
-                add(Problem("critical", f"sink {s.instance}", f"exited on: {s.last_error}"))
+            problems.append(_idle_stall(last_work, _idle_reasons(
+                state, workers, live_workers, open_breakers, unowned, t)))
+        problems += _upload_problems(state, sinks, now, t)
+        problems += _sink_exit_problems(state, sinks)
+    problems += _quality_problems(state, t)
 
-    generated = state.generated
-    failures = int(state.consumer_total("failures"))
-    if generated >= MIN_SAMPLE and failures / generated > t.max_failure_share:
-        add(Problem("critical", "run", f"{100 * failures / generated:.1f}% of results are "
-                    f"failures (threshold {100 * t.max_failure_share:g}%)"))
-    finish = state.consumer_counter("finish_reasons")
-    completed = sum(finish.values())
-    truncated = finish.get("length", 0)
-    if completed >= MIN_SAMPLE and truncated / completed > t.max_truncated_share:
-        add(Problem("warning", "run", f"{100 * truncated / completed:.1f}% of answers truncated "
-                    f"at max_tokens (threshold {100 * t.max_truncated_share:g}%)"))
-    persisted = state.persisted
-    dlq = sum(s.dlq_records for s in state.sinks.values())
-    if persisted >= MIN_SAMPLE and dlq / persisted > t.max_dlq_share:
-        add(Problem("warning", "run", f"{100 * dlq / persisted:.1f}% of results went to the "
-                    f"dead-letter topic (threshold {100 * t.max_dlq_share:g}%)"))
-
-    if complete:
-        run_state: RunState = "complete"
-    elif stalled:
-        run_state = "stalled"
-    elif not state.producer:
-        run_state = "waiting"
-    else:
-        run_state = "running"
     members = [*sorted(workers.values(), key=lambda m: m.instance),
                *sorted(sinks.values(), key=lambda m: m.instance)]
-    return Health(state=run_state, members=members, problems=problems,
+    return Health(state=_run_state(state, stalled), members=members, problems=problems,
                   last_work_age_s=last_work)
 
 

@@ -147,8 +147,8 @@ def _letters(settings: Settings, parent_id: str) -> Any:
     """(reason header or None, value) of each committed dead letter, partition
     by partition in offset order."""
     for message in committed.read_topic(settings, topics.dlq_topic(parent_id)):
-        reason = next((v for k, v in message.headers() or () if k == HEADER_REASON), None)
-        yield (bytes(reason).decode() if reason is not None else None), message.value() or b""
+        reason = committed.header(message, HEADER_REASON)
+        yield (reason.decode() if reason is not None else None), message.value() or b""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,14 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from schemas import CompletionRecord, decode_completion
 from tokenmill.kafka import clients, topics
-from tokenmill.kafka.committed import READER_CONFIG, last_stable_offsets, start_offsets
+from tokenmill.kafka.committed import (
+    READER_CONFIG,
+    last_stable_offsets,
+    offset_of,
+    partition_of,
+    start_offsets,
+    value_of,
+)
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 
@@ -99,18 +106,19 @@ def _read_round(consumer: Consumer, topic: str, spans: list[Span],
                 last_data = time.monotonic()
                 idle = IDLE_S
                 partition = message.partition()
-                span = wanted.get(partition)
-                if span is None:
+                if partition is None or partition not in wanted:
                     continue
-                if message.error():
-                    if message.error().code() == KafkaError._PARTITION_EOF:
+                span = wanted[partition]
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         del wanted[partition]
                     continue
-                offset = message.offset()
+                offset = offset_of(message)
                 if offset >= span.end:
                     del wanted[partition]
                     continue
-                found.append(Picked(decode_completion(message.value()), partition, offset))
+                found.append(Picked(decode_completion(value_of(message)), partition, offset))
                 if offset >= span.end - 1:
                     del wanted[partition]
     finally:
@@ -165,14 +173,15 @@ def pick(settings: Settings, run_id: str, n: int, keep: Callable[[CompletionReco
         scanned = 0
         while open_partitions and len(found) < n and scanned < scan_limit:
             for message in consumer.consume(200, timeout=1.0):
-                if message.error():
-                    if message.error().code() == KafkaError._PARTITION_EOF:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         open_partitions.discard(message.partition())
                     continue
                 scanned += 1
-                record = decode_completion(message.value())
+                record = decode_completion(value_of(message))
                 if keep(record):
-                    found.append(Picked(record, message.partition(), message.offset()))
+                    found.append(Picked(record, partition_of(message), offset_of(message)))
                     if len(found) >= n:
                         break
     finally:

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from consumer.fleet import worker_of
 from ops.dataset.coverage import coverage_line, lineage_coverage
-from ops.health import Health, Thresholds, assess, is_live, live_rates
+from ops.health import Health, MemberState, Thresholds, assess, is_live, live_rates
 from ops.status_report import to_report
 from schemas import RunSpec
 from schemas.progress import ServerSnapshot
@@ -178,12 +178,32 @@ def conversation_counts(state: RunProgress) -> dict[str, int]:
 
 
 def render(spec: RunSpec, s: dict[str, Any]) -> Group:
-    g = spec.generation
-    header = (f"[bold]{spec.run_id}[/]  model {g.model}  max_tokens {g.max_tokens}  "
-              f"thinking {'on' if g.enable_thinking else 'off'}  temperature {g.temperature}  "
-              f"multi-turn {spec.multi_turn}  tools {g.tools}  partitions {spec.partitions}  "
-              f"settings {s['settings_hash']}")
+    """The report: a table per question, then the S3 line, the verdict and
+    the problems."""
+    health: Health = s["health"]
+    parts: list[Any] = [Panel(_header(spec, s)), _stages(s), _speed(s), _quality(s),
+                        _coverage(s), _workers(s)]
+    gpus = render_gpus(s["instances"])
+    if gpus is not None:
+        parts.append(gpus)
+    sinks = render_sinks(s["sinks"])
+    if sinks is not None:
+        parts.append(sinks)
+    parts += [_s3_line(spec, s), _verdict(health)]
+    parts += [Text(problem.line(), style="red" if problem.severity == "critical" else "yellow")
+              for problem in health.problems]
+    return Group(*parts)
 
+
+def _header(spec: RunSpec, s: dict[str, Any]) -> str:
+    g = spec.generation
+    return (f"[bold]{spec.run_id}[/]  model {g.model}  max_tokens {g.max_tokens}  "
+            f"thinking {'on' if g.enable_thinking else 'off'}  temperature {g.temperature}  "
+            f"multi-turn {spec.multi_turn}  tools {g.tools}  partitions {spec.partitions}  "
+            f"settings {s['settings_hash']}")
+
+
+def _stages(s: dict[str, Any]) -> Table:
     stages = Table(title="progress", expand=True)
     for column in ("stage", "done", "of", "%", "note"):
         stages.add_column(column, justify="right" if column in ("done", "of", "%") else "left")
@@ -204,7 +224,11 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
     stages.add_row("persisted", f"{s['persisted']:,}", f"{s['generated']:,}",
                    _pct(s["persisted"], total),
                    f"{s['s3_records']:,} in S3, {s['dlq_records']:,} in DLQ")
+    return stages
 
+
+def _speed(s: dict[str, Any]) -> Table:
+    total = s["total"]
     source = {"plan": " (from the plan)", "flags": ""}.get(s["estimate_source"] or "flags", "")
     window = s["recent_window_s"]
     recent_title = f"live, last {_duration(window)}" if window else "live workers"
@@ -236,7 +260,10 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
     speed.add_row("ETA", _duration(s["recent_eta_s"]), _duration(s["eta_s"]),
                   _duration(eta_estimate), "")
     speed.add_row("elapsed", "", _duration(s["elapsed_s"]), "", "")
+    return speed
 
+
+def _quality(s: dict[str, Any]) -> Table:
     quality = Table(title="quality", expand=True)
     quality.add_column("what")
     quality.add_column("count", justify="right")
@@ -248,11 +275,14 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
     for reason, count in sorted(s["dlq_by_reason"].items()):
         quality.add_row(f"DLQ: {reason}", f"{count:,}", _pct(count, s["persisted"]))
     accept = s["accept_length"]
-    quality.add_row("speculative accept length", f"{accept:.2f}" if accept else "off / not reported",
-                    "")
+    quality.add_row("speculative accept length",
+                    f"{accept:.2f}" if accept else "off / not reported", "")
     share = s["reasoning_share"]
     quality.add_row("reasoning share of output", "", f"{100 * share:.0f}%" if share else "-")
+    return quality
 
+
+def _coverage(s: dict[str, Any]) -> Table:
     coverage = Table(title="coverage by category", expand=True)
     for column in ("category", "planned", "generated", "%"):
         coverage.add_column(column, justify="left" if column == "category" else "right")
@@ -261,9 +291,13 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
     for category in sorted(set(planned) | set(generated)):
         coverage.add_row(category, f"{planned[category]:,}" if planned else "?",
                          f"{generated[category]:,}", _pct(generated[category], planned[category]))
+    sources = ", ".join(f"{k} {v:,}" for k, v in sorted(s["planned_by_source"].items()))
     coverage.caption = (f"rejected {s['rejected']:,}, duplicates skipped {s['duplicates']:,}; "
-                        f"sources: {', '.join(f'{k} {v:,}' for k, v in sorted(s['planned_by_source'].items())) or '?'}")
+                        f"sources: {sources or '?'}")
+    return coverage
 
+
+def _workers(s: dict[str, Any]) -> Table:
     workers = Table(title="workers (one per GPU)", expand=True)
     for column in ("instance", "state", "completions", "failures", "tok/s now", "tok/s avg",
                    "accept", "limit", "in flight", "heartbeat", "last result"):
@@ -278,37 +312,31 @@ def render(spec: RunSpec, s: dict[str, Any]) -> Group:
                         f"{w['accept_length']:.2f}" if w["accept_length"] else "-",
                         str(w["concurrency_limit"] or "-"), str(w["in_flight"]) if live else "-",
                         _ago(w["last_commit_age_s"]), _ago(w["last_result_age_s"]))
-    gpus = render_gpus(s["instances"])
-    sinks = render_sinks(s["sinks"])
+    return workers
 
+
+def _s3_line(spec: RunSpec, s: dict[str, Any]) -> str:
     s3 = spec.s3
     where = f"s3://{s3.bucket}/{s3.prefix}" if s3 else "(bucket from the sink's settings)"
-    sink_line = (f"S3: {s['s3_objects']:,} objects, {s['s3_bytes'] / 1e6:,.1f} MB at {where}; "
-                 f"last object {s['last_object'] or '-'}")
-    health: Health = s["health"]
-    verdict = {
+    return (f"S3: {s['s3_objects']:,} objects, {s['s3_bytes'] / 1e6:,.1f} MB at {where}; "
+            f"last object {s['last_object'] or '-'}")
+
+
+def _verdict(health: Health) -> Text:
+    return {
         "complete": Text("complete: every published prompt is persisted", style="green"),
         "running": Text("running", style="green" if not health.problems else "yellow"),
         "stalled": Text("STALLED: nothing can make progress (see below)", style="bold red"),
         "waiting": Text("waiting: nothing published yet", style="yellow"),
     }[health.state]
-    parts: list[Any] = [Panel(header), stages, speed, quality, coverage, workers]
-    if gpus is not None:
-        parts.append(gpus)
-    if sinks is not None:
-        parts.append(sinks)
-    parts += [sink_line, verdict]
-    parts += [Text(problem.line(), style="red" if problem.severity == "critical" else "yellow")
-              for problem in health.problems]
-    return Group(*parts)
 
 
 _STATE_STYLE = {"active": "green", "stale": "yellow", "stopped": "dim", "dead": "bold red"}
 
 
-def _state(state: str, breaker: str = "") -> Text:
+def _state(state: MemberState, breaker: str = "") -> Text:
     text = Text(state, style=_STATE_STYLE.get(state, ""))
-    if breaker and is_live(state):  # type: ignore[arg-type]
+    if breaker and is_live(state):
         text.append(" (breaker open)", style="yellow")
     return text
 

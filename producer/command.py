@@ -16,12 +16,14 @@ from producer.pipeline import ProduceOptions, run_producer
 from schemas.plan import Plan, plan_decoder
 from schemas.run import (
     DLQ_REASONS,
+    Compression,
     Estimate,
     GenerationSettings,
     MultiTurnPolicy,
     QAPolicy,
     RunSpec,
     S3Destination,
+    ToolMode,
 )
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.flag_types import RUN_ID, FiniteFloat, TopK
@@ -101,11 +103,11 @@ def parse_dlq_reasons(value: str | None) -> QAPolicy:
               help="Progress bars on stderr [default: when stderr is a terminal].")
 @service_command
 def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
-            partitions_per_gpu: int, multi_turn: str, tool_mode: str, model: str,
+            partitions_per_gpu: int, multi_turn: MultiTurnPolicy, tool_mode: ToolMode, model: str,
             max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
             thinking: bool, estimate_rps: float | None, estimate_output_tokens: float | None,
             plan_path: Path | None, gpu_hour_cost: float | None, dlq_reasons: str | None,
-            parent_run: str | None, s3_compression: str, tool_results: str | None,
+            parent_run: str | None, s3_compression: Compression, tool_results: str | None,
             rejects_path: Path | None, strict: bool, dry_run: bool, transaction_records: int,
             show_progress: bool | None) -> None:
     """Normalize prompt files and publish them to a new run, exactly once.
@@ -124,9 +126,9 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
     """
     generation = GenerationSettings(model=model, max_tokens=max_tokens, temperature=temperature,
                                     top_p=top_p, top_k=top_k, seed=seed,
-                                    enable_thinking=thinking, tools=tool_mode)  # type: ignore[arg-type]
+                                    enable_thinking=thinking, tools=tool_mode)
     s3 = (S3Destination(bucket=settings.s3_bucket, prefix=settings.s3_prefix,
-                        compression=s3_compression)  # type: ignore[arg-type]
+                        compression=s3_compression)
           if settings.s3_bucket else None)
     estimate = (Estimate(requests_per_s=estimate_rps, output_tokens=estimate_output_tokens)
                 if estimate_rps is not None or estimate_output_tokens is not None else None)
@@ -146,7 +148,7 @@ def produce(settings: Settings, files: tuple[Path, ...], run_id: str, gpus: int,
             raise click.BadParameter(f"{plan_path}: {exc}", param_hint="--plan") from None
     spec = RunSpec(run_id=run_id, partitions=gpus * partitions_per_gpu, gpus=gpus,
                    generation=generation,
-                   multi_turn=multi_turn,  # type: ignore[arg-type]
+                   multi_turn=multi_turn,
                    qa=parse_dlq_reasons(dlq_reasons), s3=s3, parent_run=parent_run,
                    estimate=estimate, tool_results=tool_results)
     if tool_results is not None and multi_turn != "regenerate-turns":

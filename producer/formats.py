@@ -150,18 +150,7 @@ def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode) -> Normalized:
     system = raw.system if raw.system and raw.system.strip() else None
     turns = raw.messages if raw.messages is not None else raw.conversations
     if turns is not None:
-        if raw.messages is not None:
-            fmt = "openai-request" if _has_tools_field(raw) else "openai"
-        else:
-            fmt = "sharegpt"
-        if not turns:
-            raise Reject("empty-conversation", f"`{_field(raw)}` is an empty list")
-        if system is not None and _role(turns[0]) == "system":
-            system = None  # the conversation brings its own
-        conversation = _Conversation(structured)
-        if system is not None:
-            conversation.system(system)
-        conversation.turns(turns)
+        conversation, fmt = _conversation(raw, turns, system, structured)
     else:
         if raw.instruction is not None:
             fmt = "alpaca"
@@ -196,6 +185,25 @@ def normalize(raw: RawRecord | RawRow, tool_mode: ToolMode) -> Normalized:
     return _new(Normalized, (tuple(messages), tools or None, fmt, conversation.tool_text,
                              tuple(conversation.users), n if first_tool is None else first_tool,
                              n if first_system is None else first_system))
+
+
+def _conversation(raw: RawRecord | RawRow, turns: list[RawMessage], system: str | None,
+                  structured: bool) -> tuple[_Conversation, str]:
+    """A `messages` or `conversations` record, and its format: its turns after
+    the record's `system` field, unless the conversation brings its own."""
+    if raw.messages is not None:
+        fmt = "openai-request" if _has_tools_field(raw) else "openai"
+    else:
+        fmt = "sharegpt"
+    if not turns:
+        raise Reject("empty-conversation", f"`{_field(raw)}` is an empty list")
+    if system is not None and _role(turns[0]) == "system":
+        system = None  # the conversation brings its own
+    conversation = _Conversation(structured)
+    if system is not None:
+        conversation.system(system)
+    conversation.turns(turns)
+    return conversation, fmt
 
 
 def _maybe_tools_field(raw: RawRecord | RawRow) -> bool:
@@ -292,7 +300,6 @@ class _Conversation:
         messages = self.messages
         append = messages.append
         users = self.users
-        structured = self.structured
         roles = ROLES
         turns = turns[: _last_user(turns) + 1]
         for index, turn in enumerate(turns):
@@ -305,40 +312,49 @@ class _Conversation:
                 if raw_role is None:
                     raise Reject("unknown-role", f"turn {index} has no `role` or `from`")
             role = roles.get(raw_role) or roles.get(raw_role.lower())
-            if content is not None:
-                if content.__class__ is not str:
-                    content = _content(content, index, role or raw_role)
-                if content and "\x00" in content:  # one character: a memchr, cheap
-                    raise Reject("nul-character", f"turn {index} contains a NUL character")
+            if content.__class__ is not str:  # None, text parts or a dict
+                content = _content(content, index, role or raw_role)
+            if content and "\x00" in content:  # one character: a memchr, cheap
+                raise Reject("nul-character", f"turn {index} contains a NUL character")
             if role == "user":
                 if content is None:
                     raise Reject("empty-message", f"turn {index} (user) has no content")
                 users.append(len(messages))
                 append(Message("user", content, None, None, turn.name))
             elif role == "assistant":
-                calls = None
-                if turn.tool_calls or turn.function_call is not None:
-                    calls = _structured_calls(turn, self.calls)
-                elif structured and content and "<tool_call>" in content:
-                    split = tooltext.split_tool_calls(content, self.calls)
-                    if split is not None:
-                        content, calls = split
-                if calls:
-                    self._called(calls)
-                append(Message("assistant", content, calls, None, turn.name))
+                self.assistant(turn, content)
             elif role == "system":
                 self.system(content, turn.name)
             elif role == "tool":
                 self.tool(content, turn.tool_call_id, turn.name)
             elif role == "function_call":  # ShareGPT: an assistant turn calling a tool
-                call = tooltext.parse_call(content or "", f"call_{self.calls}")
-                if call is None:
-                    append(Message("assistant", content, None, None, turn.name))
-                else:
-                    self._called((call,))
-                    append(Message("assistant", None, (call,), None, turn.name))
+                self.function_call(content, turn.name)
             else:
                 raise Reject("unknown-role", f"turn {index} has unknown role {raw_role!r}")
+
+    def assistant(self, turn: RawMessage, content: str | None) -> None:
+        """An assistant turn: its tool calls come structured (`tool_calls`,
+        `function_call`) or, in structured mode, as <tool_call> text."""
+        calls = None
+        if turn.tool_calls or turn.function_call is not None:
+            calls = _structured_calls(turn, self.calls)
+        elif self.structured and content and "<tool_call>" in content:
+            split = tooltext.split_tool_calls(content, self.calls)
+            if split is not None:
+                content, calls = split
+        if calls:
+            self._called(calls)
+        self.messages.append(Message("assistant", content, calls, None, turn.name))
+
+    def function_call(self, content: str | None, name: str | None) -> None:
+        """A ShareGPT `function_call` turn: an assistant turn calling a tool
+        (kept as text when it does not parse as a call)."""
+        call = tooltext.parse_call(content or "", f"call_{self.calls}")
+        if call is None:
+            self.messages.append(Message("assistant", content, None, None, name))
+        else:
+            self._called((call,))
+            self.messages.append(Message("assistant", None, (call,), None, name))
 
     def tool(self, content: str | None, tool_call_id: str | None, name: str | None) -> None:
         pending = getattr(self, "pending", [])
@@ -376,7 +392,9 @@ def _last_user(turns: list[RawMessage]) -> int:
 
 
 def _content(value: Any, index: int, role: str) -> str | None:
-    """Non-string content: a function_call's dict, or OpenAI text parts."""
+    """Non-string content: none, a function_call's dict, or OpenAI text parts."""
+    if value is None:
+        return None
     if isinstance(value, dict):
         if role == "function_call":
             return tooltext.arguments_text(value)

@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined, unused-ignore]
 
 from producer.errors import ProducerError, ResumeMismatch
 from producer.mixing import partition_sizes, publish_order
@@ -329,7 +329,7 @@ def _watermarks(settings: Settings, topic: str, partitions: int) -> dict[int, tu
     while True:
         try:
             found: dict[int, list[int]] = {p: [] for p in range(partitions)}
-            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call, unused-ignore]
                 futures = admin.list_offsets(
                     {TopicPartition(topic, p): spec for p in range(partitions)},
                     request_timeout=settings.connect_timeout_s)

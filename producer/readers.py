@@ -282,40 +282,47 @@ def _element_end(buf: _Buffer, start: int,
     at = start  # absolute offset of the next unscanned byte
     too_large = False
     while True:
-        data, base = buf.data, buf.base
-        while True:
-            if in_string:
-                m = _STRING_BODY.match(data, at - base)
-                assert m is not None
-                stop = m.end()
-                if stop >= len(data) or data[stop] != 0x22:
-                    at = base + stop  # body runs past the buffer (or ends in a lone '\\')
-                    break
-                in_string = False
-                at = base + stop + 1
-                if depth == 0:
-                    return at, (ReadProblem("too-large", f"record larger than {limit} bytes")
-                                if too_large else None)
-                continue
-            m = _STRUCT.search(data, at - base)
-            if m is None:
-                at = base + len(data)
-                break
-            at = base + m.end()
-            char = data[m.start()]
-            if char == 0x22:
-                in_string = True
-            elif char in (0x7B, 0x5B):  # { [
-                depth += 1
-            else:
-                depth -= 1
-                if depth <= 0:
-                    return at, (ReadProblem("too-large", f"record larger than {limit} bytes")
-                                if too_large else None)
+        at, depth, in_string, closed = _scan(buf.data, buf.base, at, depth, in_string)
+        if closed:
+            return at, (ReadProblem("too-large", f"record larger than {limit} bytes")
+                        if too_large else None)
         if not too_large and at - start > limit:
             too_large = True  # keep scanning for its end, holding nothing
         if not buf.more(at if too_large else start):
             return None, ReadProblem("truncated", "JSON array ends inside this element")
+
+
+def _scan(data: bytes, base: int, at: int, depth: int,
+          in_string: bool) -> tuple[int, int, bool, bool]:
+    """Scan the buffered `data` (stream offset `base`) from `at` toward the end
+    of an element: the offset reached, the depth and string state there, and
+    whether the element closed (then the offset is just past it)."""
+    while True:
+        if in_string:
+            m = _STRING_BODY.match(data, at - base)
+            assert m is not None
+            stop = m.end()
+            if stop >= len(data) or data[stop] != 0x22:
+                # the body runs past the buffer (or ends in a lone '\\')
+                return base + stop, depth, True, False
+            in_string = False
+            at = base + stop + 1
+            if depth == 0:
+                return at, depth, False, True
+            continue
+        m = _STRUCT.search(data, at - base)
+        if m is None:
+            return base + len(data), depth, False, False
+        at = base + m.end()
+        char = data[m.start()]
+        if char == 0x22:
+            in_string = True
+        elif char in (0x7B, 0x5B):  # { [
+            depth += 1
+        else:
+            depth -= 1
+            if depth <= 0:
+                return at, depth, False, True
 
 
 def _scalar_end(buf: _Buffer, start: int) -> tuple[int | None, ReadProblem | None]:

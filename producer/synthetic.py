@@ -15,7 +15,16 @@ from typing import Any
 
 import msgspec
 
-WORDS = ["the", "model", "server", "queue", "token", "batch", "prompt", "answer", "reason", "think", "step", "check", "value", "table", "python", "kafka", "cluster", "partition", "offset", "commit", "transaction", "record", "stream", "memory", "latency", "compute", "gradient", "drafter", "speculative", "decode", "accept", "length", "verify", "cache", "layer", "weight", "explain", "write", "describe", "compare", "list", "summarize", "translate", "prove", "derive", "optimize", "debug", "function", "class", "module", "test", "error", "result", "input", "output", "file", "path", "number", "string", "matrix", "city", "weather", "price", "stock", "flight", "hotel", "recipe", "ingredient", "distance", "time", "date", "currency"]
+WORDS = [
+    "the", "model", "server", "queue", "token", "batch", "prompt", "answer", "reason", "think",
+    "step", "check", "value", "table", "python", "kafka", "cluster", "partition", "offset",
+    "commit", "transaction", "record", "stream", "memory", "latency", "compute", "gradient",
+    "drafter", "speculative", "decode", "accept", "length", "verify", "cache", "layer", "weight",
+    "explain", "write", "describe", "compare", "list", "summarize", "translate", "prove", "derive",
+    "optimize", "debug", "function", "class", "module", "test", "error", "result", "input",
+    "output", "file", "path", "number", "string", "matrix", "city", "weather", "price", "stock",
+    "flight", "hotel", "recipe", "ingredient", "distance", "time", "date", "currency"
+]
 
 KINDS: tuple[tuple[str, float], ...] = (
     ("sharegpt", 0.30), ("sharegpt-multi", 0.08), ("openai", 0.15), ("openai-system", 0.10),

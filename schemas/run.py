@@ -16,6 +16,7 @@ import msgspec
 
 MultiTurnPolicy = Literal["last-user", "strip-assistant", "per-user-turn", "regenerate-turns"]
 ToolMode = Literal["structured", "as-given"]
+Compression = Literal["none", "zstd"]  # of the S3 objects
 RunKind = Literal["produce", "replay", "redrive"]
 
 # Every reason a completion can be sent to the dead-letter topic.
@@ -77,7 +78,7 @@ class Estimate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class S3Destination(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bucket: str
     prefix: str = ""
-    compression: Literal["none", "zstd"] = "none"
+    compression: Compression = "none"
 
 
 class InputFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -22,7 +22,7 @@ from aiohttp import web
 from sglang_sim.config import InvalidConfig, SimulatorConfig
 from sglang_sim.server import create_app
 from tokenmill.flag_types import FiniteFloat
-from tokenmill.log import configure, get_logger
+from tokenmill.log import LogFormat, configure, get_logger
 
 READY_PREFIX = "tokenmill sim-sglang listening on "
 
@@ -94,7 +94,9 @@ class _Optional(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
             return None
         try:
-            return FiniteFloat().convert(value, param, ctx) if self.inner is float else self.inner(value)
+            if self.inner is float:
+                return FiniteFloat().convert(value, param, ctx)
+            return self.inner(value)
         except (ValueError, click.BadParameter):
             self.fail(f"{value!r} is not a valid {self.inner.__name__} or 'none'", param, ctx)
 
@@ -159,9 +161,9 @@ async def _serve(config: SimulatorConfig) -> None:
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
               show_default=True, help="Log rendering.")
 @_options
-def sim_sglang(log_level: str, log_format: str, **fields: Any) -> None:
+def sim_sglang(log_level: str, log_format: LogFormat, **fields: Any) -> None:
     """An SGLang-compatible test server: OpenAI chat API, faults, capacity model."""
-    configure(log_level.lower(), log_format)  # type: ignore[arg-type]
+    configure(log_level.lower(), log_format)
     try:
         config = SimulatorConfig(**fields).validate()
     except InvalidConfig as exc:

@@ -104,12 +104,23 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
     def validate(self) -> SimulatorConfig:
         """Reject settings that cannot work (InvalidConfig naming the field);
         returns self so it chains."""
+        self._check_each_field()
+        self._check_shares()
+        self._check_serving()
+        self._check_output_model()
+        return self
+
+    def _check_each_field(self) -> None:
+        """Every number finite, and at least its field's minimum."""
         for name in self.__struct_fields__:
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise InvalidConfig(name, f"{name} must be a finite number, got {value}")
             if name in _MINIMA and value is not None and value < _MINIMA[name]:
                 raise InvalidConfig(name, f"{name} must be >= {_MINIMA[name]:g}, got {value}")
+
+    def _check_shares(self) -> None:
+        """Rates are shares of requests (or of tool calls): within [0, 1]."""
         for name in ("error_rate", "stall_rate", "abort_rate", "empty_rate", "trivial_rate",
                      "tool_call_rate", "malformed_tool_call_rate", "unknown_tool_call_rate",
                      "invalid_tool_arguments_rate"):
@@ -120,6 +131,8 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
                 + self.invalid_tool_arguments_rate) > 1.0:
             raise InvalidConfig("malformed_tool_call_rate", "the bad tool call rates add up to "
                                 "more than 1")
+
+    def _check_serving(self) -> None:
         if self.port > 65535:
             raise InvalidConfig("port", f"port must be within 0-65535, got {self.port}")
         if not 400 <= self.error_status <= 599:
@@ -131,19 +144,22 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
             raise InvalidConfig("time_scale", "time_scale must be > 0")
         if self.context_length < 16:
             raise InvalidConfig("context_length", "context_length must be >= 16")
+
+    def _check_output_model(self) -> None:
+        """Lengths, speculative decoding and thinking shares that can be drawn."""
         if not 1 <= self.length_min <= self.length_max:
             raise InvalidConfig("length_min", "need 1 <= length_min <= length_max")
         if self.length_median <= 0:
             raise InvalidConfig("length_median", "length_median must be > 0")
         if self.speculative_accept_length < 1.0:
-            raise InvalidConfig("speculative_accept_length", "speculative_accept_length must be >= 1")
+            raise InvalidConfig("speculative_accept_length",
+                                "speculative_accept_length must be >= 1")
         if self.speculative and self.speculative_accept_length > self.speculative_num_draft_tokens:
             raise InvalidConfig("speculative_accept_length", "speculative_accept_length cannot "
                                 "exceed speculative_num_draft_tokens")
         if not 0.0 <= self.thinking_share_min <= self.thinking_share_max <= 1.0:
             raise InvalidConfig("thinking_share_min",
                                 "need 0 <= thinking_share_min <= thinking_share_max <= 1")
-        return self
 
 
 def to_cli_args(config: SimulatorConfig) -> list[str]:

@@ -128,7 +128,8 @@ def _schema_value(schema: Any, r: int, corpus: Corpus, depth: int = 0) -> Any:
     return corpus.words(r, 1 + r % 3)
 
 
-def object_arguments(schema: dict[str, Any], r: int, corpus: Corpus, depth: int = 0) -> dict[str, Any]:
+def object_arguments(schema: dict[str, Any], r: int, corpus: Corpus,
+                     depth: int = 0) -> dict[str, Any]:
     """Arguments for a tool: every required property plus the first optional one."""
     props = schema.get("properties")
     if not isinstance(props, dict) or not props:

@@ -7,6 +7,7 @@ missing optional dependency of one service never breaks the others.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from typing import Any
 
@@ -30,15 +31,20 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class OneLineUsageError(click.ClickException):
+    """Shown as click shows any error (no usage block), with a usage error's
+    exit code: click declares exit codes per class."""
+
+    exit_code = click.UsageError.exit_code
+
+
 def one_line(exc: click.UsageError) -> click.ClickException:
     """A usage error as one line, `Error: <what is wrong>`, with its exit code
     (2) and a pointer to the command's help instead of the usage block."""
     message = " ".join(exc.format_message().split())
     if exc.ctx is not None:
         message += f" (see '{exc.ctx.command_path} --help')"
-    error = click.ClickException(message)
-    error.exit_code = exc.exit_code
-    return error
+    return OneLineUsageError(message)
 
 
 class LazyGroup(click.Group):

@@ -49,7 +49,7 @@ def root() -> Traversable:
     package = importlib.resources.files("tokenmill")
     if package.joinpath("deploy").is_dir():
         return package
-    checkout: Traversable = Path(__file__).resolve().parents[1]  # type: ignore[assignment]
+    checkout: Traversable = Path(__file__).resolve().parents[1]
     return checkout
 
 

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Literal
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
 
 SECRET_MARKERS = ("password", "secret", "token_value", "sasl", "credential", "aws_secret")
 MASK = "***"
@@ -19,7 +20,7 @@ MASK = "***"
 LogFormat = Literal["auto", "json", "console"]
 
 
-def mask_secrets(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+def mask_secrets(_logger: WrappedLogger, _method: str, event: EventDict) -> EventDict:
     for key in list(event):
         if any(marker in key.lower() for marker in SECRET_MARKERS):
             event[key] = MASK

@@ -115,13 +115,13 @@ class LineageIndex:
         held = ACCEPTED if run.complete else OPEN
         states = self._states
         for pid, past in states.items():
-            code = found.pop(pid, None)
+            letter = found.pop(pid, None)
             member = self._member(k, past)
-            if code is not None:
+            if letter is not None:
                 if not member:
                     self.anomalies[f"{run.run_id}: a dead letter for a prompt the run does "
                                    "not hold"] += 1
-                states[pid] = past + code
+                states[pid] = past + letter
             else:
                 states[pid] = past + (held if member else ABSENT)
         if found:
@@ -181,62 +181,98 @@ class LineageIndex:
     def summary(self) -> DatasetSummary:
         self._check_done()
         n = len(self.runs)
-        tallies = [RunTally(r.run_id, rejected=self._rejected[j])
-                   for j, r in enumerate(self.runs)]
-        open_covered = [0] * n  # open prompts of run j accepted by another run for sure
-        open_uncovered = [0] * n
-        definite = 0
-        candidates = 0  # prompts without a sure acceptance, open somewhere
-        without: Counter[tuple[str, str]] = Counter()
-        samples: dict[tuple[str, str], list[str]] = {}
-
-        def tally(states: str, count: int, pid: str | None) -> None:
-            nonlocal definite, candidates
-            for j, code in enumerate(states):
-                if code != ABSENT:
-                    tallies[j].holds += count
-                if code == OPEN:
-                    tallies[j].open += count
-            won = states.rfind(ACCEPTED)
-            if won >= 0:
-                definite += count
-                tallies[won].winners += count
-                for j, code in enumerate(states):
-                    if code == OPEN:
-                        open_covered[j] += count
-                return
-            if OPEN in states:
-                candidates += count
-                for j, code in enumerate(states):
-                    if code == OPEN:
-                        open_uncovered[j] += count
-            last = max(j for j, code in enumerate(states) if code != ABSENT)
-            code = states[last]
-            group = (self.runs[last].run_id, PENDING if code == OPEN else REASONS[code])
-            without[group] += count
-            if pid is not None and len(kept := samples.setdefault(group, [])) < self._samples:
-                kept.append(pid)
-
+        outcomes = _Outcomes(self.runs, self._samples,
+                             [RunTally(r.run_id, rejected=self._rejected[j])
+                              for j, r in enumerate(self.runs)])
         clean = self.clean
         if clean:
-            tally("".join(self._clean_state(j) for j in range(n)), clean, None)
+            outcomes.add("".join(self._clean_state(j) for j in range(n)), clean, None)
         for pid, states in self._states.items():
-            tally(states, 1, pid)
+            outcomes.add(states, 1, pid)
+        low, high = outcomes.open_bounds()
+        return DatasetSummary(
+            prompts=self.runs[0].prompts, runs=outcomes.tallies,
+            covered_low=outcomes.definite + low, covered_high=outcomes.definite + high,
+            without=outcomes.without, samples=outcomes.samples,
+            anomalies=_count_anomalies(self.runs, outcomes.tallies, self.anomalies))
+
+
+@dataclass
+class _Outcomes:
+    """What `summary` counts, one history of states (one code per run) at a
+    time: a history stands for `count` prompts (the clean ones share one)."""
+
+    runs: list[RunFacts]
+    samples_per_group: int
+    tallies: list[RunTally]
+    definite: int = 0  # prompts some run accepted for sure
+    candidates: int = 0  # prompts without a sure acceptance, open somewhere
+    without: Counter[tuple[str, str]] = field(default_factory=Counter)
+    samples: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    # Per run: its open prompts accepted by another run for sure, and the rest.
+    open_covered: list[int] = field(init=False)
+    open_uncovered: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.open_covered = [0] * len(self.runs)
+        self.open_uncovered = [0] * len(self.runs)
+
+    def add(self, states: str, count: int, pid: str | None) -> None:
+        for j, code in enumerate(states):
+            if code != ABSENT:
+                self.tallies[j].holds += count
+            if code == OPEN:
+                self.tallies[j].open += count
+        won = states.rfind(ACCEPTED)
+        if won >= 0:
+            self.definite += count
+            self.tallies[won].winners += count
+            self._add_open(self.open_covered, states, count)
+            return
+        if OPEN in states:
+            self.candidates += count
+            self._add_open(self.open_uncovered, states, count)
+        self._add_without(states, count, pid)
+
+    @staticmethod
+    def _add_open(per_run: list[int], states: str, count: int) -> None:
+        for j, code in enumerate(states):
+            if code == OPEN:
+                per_run[j] += count
+
+    def _add_without(self, states: str, count: int, pid: str | None) -> None:
+        """Grouped by the newest run holding the prompts and what it said."""
+        last = max(j for j, code in enumerate(states) if code != ABSENT)
+        code = states[last]
+        group = (self.runs[last].run_id, PENDING if code == OPEN else REASONS[code])
+        self.without[group] += count
+        if pid is None:  # the clean prompts: no ids to show
+            return
+        kept = self.samples.setdefault(group, [])
+        if len(kept) < self.samples_per_group:
+            kept.append(pid)
+
+    def open_bounds(self) -> tuple[int, int]:
+        """How many of the candidates are accepted, at least and at most."""
         low = highs = 0
         for j, run in enumerate(self.runs):
             if run.complete:
                 continue
             # Of run j's open prompts, `accepted` are in S3 already; those
             # accepted elsewhere for sure add nothing.
-            low = max(low, min(open_uncovered[j], max(0, run.accepted - open_covered[j])))
-            highs += min(run.accepted, open_uncovered[j])
-        high = min(candidates, highs)
-        anomalies = Counter(self.anomalies)
-        for j, run in enumerate(self.runs):
-            if run.prompts and tallies[j].holds != run.prompts:
-                anomalies[f"{run.run_id}: publishes {run.prompts:,} prompts, its parent's "
-                          f"outcomes give {tallies[j].holds:,}"] += 1
-        return DatasetSummary(
-            prompts=self.runs[0].prompts, runs=tallies, covered_low=definite + low,
-            covered_high=definite + high, without=without, samples=samples,
-            anomalies=anomalies)
+            low = max(low, min(self.open_uncovered[j],
+                               max(0, run.accepted - self.open_covered[j])))
+            highs += min(run.accepted, self.open_uncovered[j])
+        return low, min(self.candidates, highs)
+
+
+def _count_anomalies(runs: list[RunFacts], tallies: list[RunTally],
+                     found: Counter[str]) -> Counter[str]:
+    """The anomalies found while adding, and runs whose producer published
+    another number of prompts than their parent's outcomes give them."""
+    anomalies = Counter(found)
+    for run, tally in zip(runs, tallies, strict=True):
+        if run.prompts and tally.holds != run.prompts:
+            anomalies[f"{run.run_id}: publishes {run.prompts:,} prompts, its parent's "
+                      f"outcomes give {tally.holds:,}"] += 1
+    return anomalies

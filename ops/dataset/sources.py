@@ -62,14 +62,13 @@ def facts_of(spec: RunSpec, state: RunProgress) -> RunFacts:
 def dead_letters(settings: Settings, run_id: str) -> Iterator[tuple[str, str]]:
     """(prompt id, reason) of each committed record of the run's DLQ."""
     for message in committed.read_topic(settings, topics.dlq_topic(run_id)):
-        reason = next((value for name, value in message.headers() or ()
-                       if name == HEADER_REASON), None)
+        reason = committed.header(message, HEADER_REASON)
         key = message.key()
         if reason is None or not key:
             envelope = _envelope.decode(message.value() or b"{}")
             yield envelope.id, envelope.reason
         else:
-            yield key.decode(), bytes(reason).decode()
+            yield key.decode(), reason.decode()
 
 
 def build_index(settings: Settings, found: Lineage) -> LineageIndex:

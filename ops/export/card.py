@@ -74,7 +74,8 @@ def render(manifest: Manifest) -> str:
         f"({plan.without_result:,} without an accepted result: see `tokenmill dataset "
         f"{plan.parts[-1].run}`)",
         f"- prompt tokens: {overall.prompt_tokens:,}",
-        f"- completion tokens: {overall.completion_tokens:,} (reasoning {overall.reasoning_tokens:,})",
+        f"- completion tokens: {overall.completion_tokens:,} "
+        f"(reasoning {overall.reasoning_tokens:,})",
         f"- speculative accept length (weighted by completion tokens): {_accept(overall)}",
         f"- shards: {len(manifest.shards)} (`manifest.json` lists counts and SHA-256 checksums)",
         "",

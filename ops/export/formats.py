@@ -97,8 +97,9 @@ SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool
 
 def _rendered(sample: TrainingSample) -> list[tuple[str, str]]:
     """(role, text) of every turn, assistant turns rendered as Qwen3 does."""
-    turns = [(m.role, assistant_text(m.content, m.tool_calls) if m.role == "assistant"
-              else m.content or "") for m in sample.messages]
+    turns: list[tuple[str, str]] = [
+        (m.role, assistant_text(m.content, m.tool_calls) if m.role == "assistant"
+         else m.content or "") for m in sample.messages]
     turn = sample.completion
     turns.append(("assistant", assistant_text(turn.content, turn.tool_calls,
                                               turn.reasoning_content, generated=True)))

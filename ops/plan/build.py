@@ -21,6 +21,7 @@ from schemas.plan import (
     Dataset,
     Lengths,
     Level,
+    Outcome,
     Plan,
     Prediction,
     PromptTokens,
@@ -100,7 +101,7 @@ def sample_answers(prompts: Sequence[SampledPrompt], sweep: SweepResult,
             answers.append(Answer(stratum, max(1, round(progress(request.start, request.end))),
                                   "unfinished"))
         else:
-            outcome = "length" if request.outcome == "length" else "stop"
+            outcome: Outcome = "length" if request.outcome == "length" else "stop"
             answers.append(Answer(stratum, request.completion_tokens, outcome))
     return answers
 

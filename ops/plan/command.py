@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import get_args
 
 import click
 import msgspec
@@ -15,6 +16,7 @@ from ops.plan.build import Costing
 from ops.plan.report import render
 from ops.plan.runner import PlanError, PlanOptions, make_plan
 from producer.errors import ProducerError
+from schemas.run import MultiTurnPolicy, ToolMode
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.settings import Settings
 
@@ -71,7 +73,7 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
 @click.option("--model", default="default", show_default=True, help="Model name for requests.")
 @click.option("--thinking/--no-thinking", default=True, show_default=True,
               help="Ask for the model's reasoning (as the run will).")
-@click.option("--multi-turn", type=click.Choice(["last-user", "strip-assistant", "per-user-turn", "regenerate-turns"]),
+@click.option("--multi-turn", type=click.Choice(list(get_args(MultiTurnPolicy))),
               default="last-user", show_default=True, help="As for produce.")
 @click.option("--tools", "tool_mode", type=click.Choice(["structured", "as-given"]),
               default="structured", show_default=True, help="As for produce.")
@@ -88,7 +90,8 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
 def plan(settings: Settings, files: tuple[Path, ...], sglang_url: str | None, sample_size: int,
          gpus: int, gpu_hour_cost: float, max_tokens: str, time_budget: str, seed: int,
          max_concurrency: int | None, concurrency_levels: str | None, model: str,
-         thinking: bool, multi_turn: str, tool_mode: str, estimate_rps: float | None,
+         thinking: bool, multi_turn: MultiTurnPolicy, tool_mode: ToolMode,
+         estimate_rps: float | None,
          estimate_output_tokens: float | None, as_json: bool, output: Path | None,
          show_progress: bool | None) -> None:
     """Predict time, tokens, truncation and cost of a dataset before renting GPUs.
@@ -118,8 +121,7 @@ def plan(settings: Settings, files: tuple[Path, ...], sglang_url: str | None, sa
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--time-budget") from None
     options = PlanOptions(
-        files=files, multi_turn=multi_turn,  # type: ignore[arg-type]
-        tools=tool_mode,  # type: ignore[arg-type]
+        files=files, multi_turn=multi_turn, tools=tool_mode,
         sample_size=sample_size, seed=seed,
         costing=Costing(gpus=gpus, gpu_hour_cost=gpu_hour_cost,
                         candidates=parse_int_list(max_tokens, "--max-tokens"), seed=seed),

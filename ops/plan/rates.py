@@ -82,7 +82,7 @@ class Timeline:
         a = bisect.bisect_left(self.times, start)
         b = bisect.bisect_left(self.times, end)
         lo, hi = self._cumulative[a], self._cumulative[b]
-        return [h - l for h, l in zip(hi, lo, strict=True)]
+        return [high - low for high, low in zip(hi, lo, strict=True)]
 
     def level_request_seconds(self) -> list[float]:
         """In-flight request-seconds attributed to each level (the evidence)."""

@@ -28,7 +28,9 @@ def shape(x: float, sharpness: float) -> float:
     log_xs = sharpness * math.log(x)
     if log_xs > 50:  # x**s dominates: ~ 1 - tiny
         return math.exp(-math.exp(-log_xs) / sharpness)
-    return x / (1.0 + math.exp(log_xs)) ** (1.0 / sharpness)
+    # float ** float is typed Any (a negative base gives a complex); the base is > 0
+    value: float = x / (1.0 + math.exp(log_xs)) ** (1.0 / sharpness)
+    return value
 
 
 def tokens_per_s(curve: Curve, concurrency: float) -> float:
@@ -38,8 +40,9 @@ def tokens_per_s(curve: Curve, concurrency: float) -> float:
 def concurrency_for_share(curve: Curve, share: float = KNEE_SHARE) -> float:
     """The (real-valued) concurrency where T reaches `share` of the plateau."""
     # shape(x) = share  <=>  x**s / (1 + x**s) = share**s
-    q = share ** curve.sharpness
-    return curve.knee * (q / (1.0 - q)) ** (1.0 / curve.sharpness)
+    q: float = share ** curve.sharpness
+    concurrency: float = curve.knee * (q / (1.0 - q)) ** (1.0 / curve.sharpness)
+    return concurrency
 
 
 def recommended_concurrency(curve: Curve, highest: int, share: float = KNEE_SHARE,

@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+
+# confluent-kafka re-exports its admin types without __all__ (see committed.py).
+from confluent_kafka.admin import (  # type: ignore[attr-defined, unused-ignore]
+    AdminClient,
+    NewTopic,
+)
 
 from tokenmill.kafka.topics import MAX_MESSAGE_BYTES
 from tokenmill.log import get_logger

@@ -21,7 +21,13 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+
+# confluent-kafka re-exports its admin types without __all__, and leaves
+# OffsetSpec's constructors untyped: the ignores name those two gaps.
+from confluent_kafka.admin import (  # type: ignore[attr-defined, unused-ignore]
+    AdminClient,
+    OffsetSpec,
+)
 
 from tokenmill.kafka import clients
 from tokenmill.settings import Settings
@@ -51,13 +57,15 @@ def partition_count(settings: Settings, topic: str) -> int:
 def last_stable_offsets(admin: AdminClient, topic: str, partitions: list[int],
                         timeout_s: float) -> dict[int, int]:
     """The read_committed end of each partition, in one request."""
-    return _offsets(admin, topic, partitions, OffsetSpec.latest(), timeout_s)
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call, unused-ignore]
+    return _offsets(admin, topic, partitions, latest, timeout_s)
 
 
 def high_watermarks(admin: AdminClient, topic: str, partitions: list[int],
                     timeout_s: float) -> dict[int, int]:
     """The end of each partition counting records of transactions still open."""
-    return _offsets(admin, topic, partitions, OffsetSpec.latest(), timeout_s,
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call, unused-ignore]
+    return _offsets(admin, topic, partitions, latest, timeout_s,
                     IsolationLevel.READ_UNCOMMITTED)
 
 
@@ -65,7 +73,8 @@ def start_offsets(admin: AdminClient, topic: str, partitions: list[int],
                   timeout_s: float) -> dict[int, int]:
     """Where each partition starts. Assigning this offset rather than
     OFFSET_BEGINNING spares librdkafka's offset reset, half a second a read."""
-    return _offsets(admin, topic, partitions, OffsetSpec.earliest(), timeout_s)
+    earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call, unused-ignore]
+    return _offsets(admin, topic, partitions, earliest, timeout_s)
 
 
 def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: OffsetSpec,
@@ -112,10 +121,10 @@ def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(f"reading {topic}: {error}")
-                    if message.partition() == partition and message.offset() >= end:
+                    if message.partition() == partition and offset_of(message) >= end:
                         return
                     continue
-                if message.offset() >= end:  # committed after reading started
+                if offset_of(message) >= end:  # committed after reading started
                     return
                 yield message
     finally:
@@ -136,6 +145,43 @@ def read_topic(settings: Settings, topic: str) -> Iterator[Message]:
                                       start=starts[partition])
     finally:
         consumer.close()
+
+
+# confluent-kafka types a message's partition, offset and value Optional: a
+# message built to be produced has no partition or offset yet, and a
+# tombstone has no value. Records and end-of-partition events that a
+# consumer returns have a partition and an offset, and tokenmill's topics hold
+# no tombstones: these say so once, and fail loudly if that ever changes.
+
+def partition_of(message: Message) -> int:
+    partition = message.partition()
+    if partition is None:
+        raise ValueError("a consumed message without a partition")
+    return partition
+
+
+def offset_of(message: Message) -> int:
+    offset = message.offset()
+    if offset is None:
+        raise ValueError("a consumed message without an offset")
+    return offset
+
+
+def value_of(message: Message) -> bytes:
+    value = message.value()
+    if value is None:
+        raise ValueError(f"a tombstone at offset {message.offset()} of {message.topic()}")
+    return value
+
+
+def header(message: Message, name: str) -> bytes | None:
+    """The value of the first header called `name` (None: there is none).
+    A consumed record's headers are a list of (name, bytes) pairs;
+    confluent-kafka's type also allows what produce accepts (a dict, str)."""
+    headers = message.headers() or ()
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    value = next((value for key, value in pairs if key == name), None)
+    return value.encode() if isinstance(value, str) else value
 
 
 def _position(consumer: Consumer, tp: TopicPartition) -> int:

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import (
+
+# confluent-kafka re-exports its admin types without __all__ (see committed.py).
+from confluent_kafka.admin import (  # type: ignore[attr-defined, unused-ignore]
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
