@@ -31,7 +31,6 @@ from hypothesis import settings as hypothesis_settings
 from devstack.private import PrivateStack
 from tokenmill.settings import Settings
 
-
 # Properties are about values, not speed: an example that takes over
 # hypothesis's default 200 ms on a loaded machine is not a failure.
 hypothesis_settings.register_profile("tokenmill", deadline=None)
@@ -159,7 +158,9 @@ def run_id() -> str:
 
 
 @pytest.fixture
-def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., PrivateStack]]:
+def private_stack(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., PrivateStack]]:
     """A factory of stacks of the test's own, beside the session's `services`:
     `private_stack(brokers=3)` starts 3 KRaft brokers and an S3 server on free
     ports; each node can be killed, stopped and started (`stack.broker(2).kill()`).

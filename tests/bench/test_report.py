@@ -84,7 +84,8 @@ def test_a_miss_is_rendered_as_a_miss_with_its_method_and_cpu_apart() -> None:
 
 def test_only_the_marked_section_is_replaced() -> None:
     readme = f"intro\n{report.START}\nold table\n{report.END}\noutro\n"
-    assert report.replace_block(readme, "new") == f"intro\n{report.START}\nnew\n{report.END}\noutro\n"
+    assert report.replace_block(readme, "new") == (
+        f"intro\n{report.START}\nnew\n{report.END}\noutro\n")
     with pytest.raises(SystemExit):
         report.replace_block("no markers", "new")
 

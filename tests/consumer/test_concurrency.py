@@ -7,12 +7,15 @@ from consumer.concurrency import AutoBounds, ServerLoad, next_limit, parse_metri
 SGLANG_METRICS = """\
 # HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 48.0
+sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B",\
+pp_rank="0",tp_rank="0"} 48.0
 # TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 3.0
 sglang:token_usage{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 0.71
-sglang:gen_throughput{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 3650.5
-sglang:spec_accept_length{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 3.08
+sglang:gen_throughput{engine_type="unified",model_name="Qwen/Qwen3-8B",\
+pp_rank="0",tp_rank="0"} 3650.5
+sglang:spec_accept_length{engine_type="unified",model_name="Qwen/Qwen3-8B",\
+pp_rank="0",tp_rank="0"} 3.08
 sglang:num_requests_total{model_name="Qwen/Qwen3-8B"} 2293.0
 """
 

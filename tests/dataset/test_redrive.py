@@ -58,7 +58,8 @@ def finished_parent(settings, run_id: str, letters: list[DeadLetter], total: int
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
     for n, dl in enumerate(letters):
         producer.produce(topics.dlq_topic(run_id), key=dl.id.encode(),
-                         value=msgspec.json.encode(dl), headers=[(HEADER_REASON, dl.reason.encode())],
+                         value=msgspec.json.encode(dl),
+                         headers=[(HEADER_REASON, dl.reason.encode())],
                          partition=n % 3)
     progress = topics.progress_topic(run_id)
     producer.produce(progress, key=producer_key(run_id).encode(), value=msgspec.json.encode(

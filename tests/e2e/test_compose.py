@@ -103,7 +103,8 @@ class ComposeProject:
         return subprocess.run(
             ["podman", "run", "--rm", "--network", f"{self.name}_default",
              "-e", "TOKENMILL_BOOTSTRAP_SERVERS=kafka:9092",
-             "-e", "TOKENMILL_S3_ENDPOINT_URL=http://s3:9000", "-e", "TOKENMILL_S3_BUCKET=tokenmill",
+             "-e", "TOKENMILL_S3_ENDPOINT_URL=http://s3:9000",
+             "-e", "TOKENMILL_S3_BUCKET=tokenmill",
              "-e", "AWS_ACCESS_KEY_ID=tokenmill", "-e", "AWS_SECRET_ACCESS_KEY=tokenmill-secret",
              "-e", "AWS_DEFAULT_REGION=us-east-1", *options, image, *args],
             capture_output=True, text=True, timeout=300)

@@ -36,7 +36,8 @@ def write_dataset(directory: Path, n: int) -> list[Path]:
     tools_path = directory / "tools.jsonl"
     with openai_path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"Explain idea {i}."}]}) + "\n")
+            f.write(json.dumps(
+                {"messages": [{"role": "user", "content": f"Explain idea {i}."}]}) + "\n")
     with sharegpt_path.open("w") as f:
         for i in range(n // 4):
             f.write(json.dumps({"conversations": [

@@ -22,7 +22,8 @@ from devstack import processes
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-def tokenmill(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def tokenmill(*args: str, env: dict[str, str] | None = None,
+              timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tokenmill.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.broker
 
 def test_write_and_read_back(settings, run_id) -> None:
     registry = RunRegistry(settings)
-    spec = RunSpec(run_id=run_id, partitions=3, generation=GenerationSettings(model="m", max_tokens=4096))
+    spec = RunSpec(run_id=run_id, partitions=3,
+                   generation=GenerationSettings(model="m", max_tokens=4096))
     assert registry.register(spec) is True
     assert registry.get(run_id) == spec
 
@@ -49,7 +50,8 @@ def test_creating_a_run_creates_its_topics(settings, services, run_id) -> None:
     admin = KafkaAdminClient(bootstrap_servers=services.bootstrap_servers)
     try:
         described = admin.describe_topics(
-            [topics.prompts_topic(run_id), topics.completions_topic(run_id), topics.dlq_topic(run_id)])
+            [topics.prompts_topic(run_id), topics.completions_topic(run_id),
+             topics.dlq_topic(run_id)])
         described = {t.get("topic", t.get("name")): len(t["partitions"]) for t in described}
         runs_config = admin.describe_configs(
             config_resources=[ConfigResource("TOPIC", topics.RUNS_TOPIC)])

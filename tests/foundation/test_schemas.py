@@ -44,7 +44,8 @@ def test_records_carry_kind_version_and_id() -> None:
 
 
 @given(st.integers(1, 100_000), st.floats(0, 2), st.booleans())
-def test_settings_hash_separates_settings(max_tokens: int, temperature: float, thinking: bool) -> None:
+def test_settings_hash_separates_settings(max_tokens: int, temperature: float,
+                                          thinking: bool) -> None:
     a = GenerationSettings(max_tokens=max_tokens, temperature=temperature, enable_thinking=thinking)
     b = GenerationSettings(max_tokens=max_tokens + 1, temperature=temperature,
                            enable_thinking=thinking)
@@ -55,8 +56,10 @@ def test_settings_hash_separates_settings(max_tokens: int, temperature: float, t
 
 
 def test_4096_and_8192_token_runs_differ() -> None:
-    assert (RunSpec(run_id="a", partitions=1, generation=GenerationSettings(max_tokens=4096)).settings_hash
-            != RunSpec(run_id="a", partitions=1, generation=GenerationSettings(max_tokens=8192)).settings_hash)
+    assert (RunSpec(run_id="a", partitions=1,
+                    generation=GenerationSettings(max_tokens=4096)).settings_hash
+            != RunSpec(run_id="a", partitions=1,
+                       generation=GenerationSettings(max_tokens=8192)).settings_hash)
 
 
 def test_qa_policy_is_canonical_and_validated() -> None:

@@ -106,7 +106,8 @@ def checkpoint(settings: Settings, run_id: str) -> dict[str, Any] | None:
     return json.loads(found[-1].value) if found else None
 
 
-def assert_exactly_once(settings: Settings, run_id: str, expected_total: int) -> list[dict[str, Any]]:
+def assert_exactly_once(settings: Settings, run_id: str,
+                        expected_total: int) -> list[dict[str, Any]]:
     """Every seq in [0, total) exactly once, every id once, and a done checkpoint."""
     records = values(prompts(settings, run_id))
     seqs = sorted(r["seq"] for r in records)

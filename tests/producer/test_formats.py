@@ -33,7 +33,8 @@ def test_sharegpt_all_roles_in_order() -> None:
     n = norm({"conversations": [
         {"from": "system", "value": "Be brief."},
         {"from": "human", "value": "Weather in Oslo?"},
-        {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
+        {"from": "function_call",
+         "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
         {"from": "observation", "value": '{"temp": -3}'},
         {"from": "gpt", "value": "It is -3."},
         {"from": "human", "value": "Thanks!"},
@@ -44,7 +45,8 @@ def test_sharegpt_all_roles_in_order() -> None:
         Message(role="system", content="Be brief."),
         Message(role="user", content="Weather in Oslo?"),
         Message(role="assistant", tool_calls=(ToolCall(
-            id="call_0", function=FunctionCall(name="get_weather", arguments='{"city": "Oslo"}')),)),
+            id="call_0",
+            function=FunctionCall(name="get_weather", arguments='{"city": "Oslo"}')),)),
         Message(role="tool", content='{"temp": -3}', tool_call_id="call_0"),
         Message(role="assistant", content="It is -3."),
         Message(role="user", content="Thanks!"),
@@ -68,8 +70,10 @@ def test_openai_chat_with_tool_calls_and_tool_results() -> None:
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "Weather in Rome and Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}},
-            {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"id": "a", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}},
+            {"id": "b", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "tool_call_id": "a", "content": "20C"},
         {"role": "tool", "tool_call_id": "b", "content": "18C"},
         {"role": "assistant", "content": "Rome 20C, Paris 18C."},
@@ -80,8 +84,10 @@ def test_openai_chat_with_tool_calls_and_tool_results() -> None:
         Message(role="system", content="sys"),
         Message(role="user", content="Weather in Rome and Paris?"),
         Message(role="assistant", tool_calls=(
-            ToolCall(id="a", function=FunctionCall(name="get_weather", arguments='{"city":"Rome"}')),
-            ToolCall(id="b", function=FunctionCall(name="get_weather", arguments='{"city": "Paris"}')))),
+            ToolCall(id="a",
+                     function=FunctionCall(name="get_weather", arguments='{"city":"Rome"}')),
+            ToolCall(id="b",
+                     function=FunctionCall(name="get_weather", arguments='{"city": "Paris"}')))),
         Message(role="tool", content="20C", tool_call_id="a"),
         Message(role="tool", content="18C", tool_call_id="b"),
         Message(role="assistant", content="Rome 20C, Paris 18C."),
@@ -119,7 +125,8 @@ def test_legacy_functions_and_function_call() -> None:
         {"role": "user", "content": "and AAPL?"}]})
     assert n.tools == ({"type": "function", "function": STOCK_FN},)
     assert n.messages[1] == Message(role="assistant", tool_calls=(ToolCall(
-        id="call_0", function=FunctionCall(name="get_stock_price", arguments='{"symbol":"MSFT"}')),))
+        id="call_0",
+        function=FunctionCall(name="get_stock_price", arguments='{"symbol":"MSFT"}')),))
     assert n.messages[2] == Message(role="tool", content="400", tool_call_id="call_0",
                                     name="get_stock_price")
 
@@ -133,7 +140,9 @@ HERMES_SYSTEM = (
 HERMES = {"conversations": [
     {"from": "system", "value": HERMES_SYSTEM},
     {"from": "human", "value": "Price of AAPL?"},
-    {"from": "gpt", "value": "<tool_call>\n{'arguments': {'symbol': 'AAPL'}, 'name': 'get_stock_price'}\n</tool_call>"},
+    {"from": "gpt",
+     "value": "<tool_call>\n{'arguments': {'symbol': 'AAPL'}, 'name': 'get_stock_price'}\n"
+              "</tool_call>"},
     {"from": "tool", "value": "<tool_response>\n{\"price\": 150}\n</tool_response>"},
     {"from": "gpt", "value": "AAPL is at 150."},
     {"from": "human", "value": "And MSFT?"},
@@ -152,7 +161,8 @@ def test_hermes_structured_lifts_tools_calls_and_responses() -> None:
             "Use the pydantic model json schema for each tool call.")),
         Message(role="user", content="Price of AAPL?"),
         Message(role="assistant", tool_calls=(ToolCall(
-            id="call_0", function=FunctionCall(name="get_stock_price", arguments='{"symbol": "AAPL"}')),)),
+            id="call_0",
+            function=FunctionCall(name="get_stock_price", arguments='{"symbol": "AAPL"}')),)),
         Message(role="tool", content='{"price": 150}', tool_call_id="call_0"),
         Message(role="assistant", content="AAPL is at 150."),
         Message(role="user", content="And MSFT?"),
@@ -165,7 +175,8 @@ def test_hermes_as_given_leaves_every_text_untouched() -> None:
     assert n.tools is None
     assert n.tool_text
     assert [m.content for m in n.messages] == [t["value"] for t in HERMES["conversations"]]
-    assert [m.role for m in n.messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert [m.role for m in n.messages] == [
+        "system", "user", "assistant", "tool", "assistant", "user"]
 
 
 def test_available_tools_json_structured_and_as_given() -> None:
@@ -185,7 +196,8 @@ def test_available_tools_json_structured_and_as_given() -> None:
 
 def test_unparseable_tool_block_is_kept_as_text_never_dropped() -> None:
     system = "Tools: <tools> this is not json </tools>"
-    n = norm({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "x"}]})
+    n = norm({"messages": [{"role": "system", "content": system},
+                           {"role": "user", "content": "x"}]})
     assert n.tools is None and n.tool_text
     assert n.messages[0].content == system
 
@@ -225,7 +237,8 @@ def test_plain_prompt() -> None:
     (b'{"conversations": []}', "empty-conversation"),
     (b'{"conversations": [{"from": "wizard", "value": "x"}]}', "unknown-role"),
     (b'{"messages": [{"content": "no role"}]}', "unknown-role"),
-    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "unsupported-content"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+     "unsupported-content"),
     (b'{"text": "what format is this"}', "unrecognized-format"),
     (b'{"tools": [{"nope": 1}], "messages": [{"role": "user", "content": "x"}]}', "invalid-tools"),
 ])

@@ -37,7 +37,8 @@ def test_tool_call_text_split() -> None:
     content = 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     remaining, calls = tools.split_tool_calls(content, 3)  # type: ignore[misc]
     assert remaining == "Let me check."
-    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [("call_3", "f", '{"a": 1}')]
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [
+        ("call_3", "f", '{"a": 1}')]
     assert tools.split_tool_calls("<tool_call>garbage</tool_call>", 0) is None
 
 
