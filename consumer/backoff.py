@@ -1,10 +1,14 @@
-"""Retry delays: exponential backoff with full jitter, capped."""
+"""Retry delays of a prompt's generation: exponential backoff, capped
+(tokenmill/backoff.py), with jitter: drawn from the upper half of the
+delay, so prompts that failed together do not all retry at once."""
 
 from __future__ import annotations
 
 import random
 
 import msgspec
+
+from tokenmill.backoff import Backoff
 
 
 class RetryPolicy(msgspec.Struct, frozen=True):
@@ -14,7 +18,7 @@ class RetryPolicy(msgspec.Struct, frozen=True):
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before attempt `attempt + 1` (attempt counts from 1)."""
-        ceiling = min(self.cap_s, self.base_s * (2 ** (attempt - 1)))
+        ceiling = Backoff(first_s=self.base_s, cap_s=self.cap_s).delay(attempt)
         return (rng or random).uniform(ceiling / 2, ceiling)
 
     def exhausted(self, attempt: int) -> bool:

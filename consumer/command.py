@@ -9,12 +9,11 @@ import socket
 from urllib.parse import urlparse
 
 import click
-from confluent_kafka import KafkaException
 
 from consumer.backoff import RetryPolicy
 from consumer.health import wait_for_server
 from consumer.worker import FatalWorkerError, Worker, WorkerConfig
-from tokenmill.commandline import exit_now, finish_now, register_known_error, service_command
+from tokenmill.commandline import finish_now, register_known_error, run_service, service_command
 from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
 from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import KafkaFatal
@@ -106,7 +105,8 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
               help="Serve Prometheus /metrics here (0: off).")
 @service_command
 def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | None,
-            concurrency: int | None, max_concurrency: int, commit_interval_s: float, max_attempts: int,
+            concurrency: int | None, max_concurrency: int, commit_interval_s: float,
+            max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
             fleet_balancing: bool, breaker_cooldown_s: float, heartbeat_s: float, until_done: bool,
@@ -148,10 +148,5 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         metrics_port=metrics_port,
         api_key=api_key,
     )
-    try:
-        code = asyncio.run(Worker(settings, spec, config).run())
-    except (FatalWorkerError, KafkaFatal) as exc:
-        exit_now(str(exc))
-    except KafkaException as exc:  # anything else Kafka raised: one line, not a traceback
-        exit_now(f"kafka: {exc.args[0] if exc.args else exc}")
-    finish_now(code)
+    finish_now(run_service(lambda: asyncio.run(Worker(settings, spec, config).run()),
+                           fatal=(FatalWorkerError,)))

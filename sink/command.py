@@ -6,14 +6,13 @@ import sys
 from typing import Any
 
 import click
-from confluent_kafka import KafkaException
 
 from sink.batcher import BatchLimits
 from sink.config import parse_size, resolve
 from sink.errors import SinkError
 from sink.s3_writer import wait_for_bucket
 from sink.service import SinkService, tune_gc
-from tokenmill.commandline import exit_now, register_known_error, service_command
+from tokenmill.commandline import register_known_error, run_service, service_command
 from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import KafkaFatal
@@ -100,10 +99,4 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
     service = SinkService(settings=settings, spec=spec, config=config)
     service.install_signal_handlers()
     tune_gc()
-    try:
-        code = service.run()
-    except KafkaFatal as exc:
-        exit_now(str(exc))
-    except KafkaException as exc:  # anything else Kafka raised: one line, not a traceback
-        exit_now(f"kafka: {exc.args[0] if exc.args else exc}")
-    sys.exit(code)
+    sys.exit(run_service(service.run))

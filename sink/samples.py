@@ -110,7 +110,8 @@ class CompletionView(msgspec.Struct, frozen=True, gc=False, tag="completion",
     model: str = ""
 
 
-_view_decoder = msgspec.json.Decoder(CompletionView | Failure | Conversation)
+_view_decoder: msgspec.json.Decoder[CompletionView | Failure | Conversation] = (
+    msgspec.json.Decoder(CompletionView | Failure | Conversation))
 
 
 def decode_view(raw: bytes) -> CompletionView | Failure | Conversation:

@@ -54,6 +54,27 @@ def exit_now(message: str, code: int = 1) -> NoReturn:
     os._exit(code)
 
 
+def run_service(run: Callable[[], int], *,
+                fatal: tuple[type[BaseException], ...] = ()) -> int:
+    """A long-running service (worker, sink) to its exit code. When it cannot
+    go on, one `Error:` line and exit code 1, at once (`exit_now`): a fenced
+    or broken Kafka client (KafkaFatal), one of the service's own `fatal`
+    errors, or anything else Kafka raised (`kafka: ...`, not a traceback).
+    The supervisor restarts it from committed state."""
+    # Imported here: the CLI does not pay for the Kafka client at start-up.
+    from confluent_kafka import KafkaException
+
+    from tokenmill.kafka.transactions import KafkaFatal
+
+    ends: tuple[type[BaseException], ...] = (KafkaFatal, *fatal)
+    try:
+        return run()
+    except ends as exc:
+        exit_now(str(exc))
+    except KafkaException as exc:
+        exit_now(f"kafka: {exc.args[0] if exc.args else exc}")
+
+
 def service_command(func: F) -> F:
     """Adds the shared options; the wrapped function receives `settings`."""
 
@@ -71,4 +92,4 @@ def service_command(func: F) -> F:
     return settings_options(wrapper)  # type: ignore[return-value]
 
 
-__all__ = ["Settings", "register_known_error", "service_command"]
+__all__ = ["Settings", "register_known_error", "run_service", "service_command"]

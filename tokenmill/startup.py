@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from tokenmill.backoff import Backoff
 from tokenmill.log import get_logger
 
 log = get_logger("tokenmill.startup")
@@ -42,8 +43,7 @@ def retry_delay(attempt: int, remaining_s: float, *, first_s: float = FIRST_DELA
     `cap_s`, and never sleeps past the deadline."""
     if not remaining_s >= MIN_DELAY_S or not math.isfinite(remaining_s):
         return None
-    delay = min(cap_s, first_s * 2 ** min(attempt - 1, 30))
-    return min(delay, remaining_s)
+    return min(Backoff(first_s=first_s, cap_s=cap_s).delay(attempt), remaining_s)
 
 
 class StartupWait:

@@ -16,10 +16,10 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from tests.kafka_helpers import committed_offsets, create_topic, read_all
+from tokenmill.backoff import Backoff
 from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import (
     ABORT_ATTEMPTS,
-    Backoff,
     GroupOffsets,
     KafkaFatal,
     TransactionAborted,

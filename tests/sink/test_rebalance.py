@@ -135,14 +135,14 @@ class _Recording(SinkService):
     revoking: threading.Event
 
     def _on_revoke(self, consumer, partitions) -> None:  # type: ignore[no-untyped-def]
-        in_flight = self._round is not None
+        in_flight = self._rounds.in_flight is not None
         committed_before = self.progress.s3_objects
         if partitions:
             self.revoking.set()
         super()._on_revoke(consumer, partitions)
         self.revokes.append((sorted(tp.partition for tp in partitions), in_flight,
                              committed_before, self.progress.s3_objects,
-                             self._round is not None))
+                             self._rounds.in_flight is not None))
 
 
 @pytest.mark.timeout(400)

@@ -1,0 +1,56 @@
+"""How a service command ends (tokenmill.commandline.run_service): its exit
+code, or one `Error:` line and exit code 1 when it cannot go on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import sys
+from confluent_kafka import KafkaError, KafkaException
+from tokenmill.commandline import run_service
+from tokenmill.kafka.transactions import KafkaFatal
+
+class Broken(RuntimeError):
+    pass
+
+def service():
+    how = sys.argv[1]
+    if how == "fatal":
+        raise KafkaFatal("another process took over transactional id t")
+    if how == "kafka":
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker gone"))
+    if how == "own":
+        raise Broken("the server went away for good")
+    if how == "other":
+        raise ValueError("a bug")
+    return 3
+
+sys.exit(run_service(service, fatal=(Broken,)))
+"""
+
+
+@pytest.mark.parametrize(("how", "code", "line"), [
+    ("fatal", 1, "Error: another process took over transactional id t"),
+    ("kafka", 1, "Error: kafka: KafkaError{code=_TRANSPORT,val=-195,str=\"broker gone\"}"),
+    ("own", 1, "Error: the server went away for good"),
+    ("ok", 3, None),
+])
+def test_a_service_ends_with_its_code_or_one_error_line(how: str, code: int,
+                                                       line: str | None) -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == code
+    if line is None:
+        assert done.stderr == ""
+    else:
+        assert done.stderr.strip() == line
+
+
+def test_other_errors_propagate() -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, "other"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "ValueError" in done.stderr
