@@ -106,7 +106,8 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
               help="Serve Prometheus /metrics here (0: off).")
 @service_command
 def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | None,
-            concurrency: int | None, max_concurrency: int, commit_interval_s: float, max_attempts: int,
+            concurrency: int | None, max_concurrency: int, commit_interval_s: float,
+            max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
             fleet_balancing: bool, breaker_cooldown_s: float, heartbeat_s: float, until_done: bool,

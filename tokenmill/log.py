@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -19,7 +20,8 @@ MASK = "***"
 LogFormat = Literal["auto", "json", "console"]
 
 
-def mask_secrets(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+def mask_secrets(_logger: Any, _method: str,
+                 event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key in list(event):
         if any(marker in key.lower() for marker in SECRET_MARKERS):
             event[key] = MASK

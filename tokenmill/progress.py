@@ -61,7 +61,8 @@ class RunProgress:
         return self.publishing_done and self.persisted >= self.published
 
     def consumer_total(self, name: str) -> int | float:
-        return sum(getattr(c, name) for c in self.consumers.values())
+        total: int | float = sum(getattr(c, name) for c in self.consumers.values())
+        return total
 
     def consumer_counter(self, name: str) -> Counter[str]:
         total: Counter[str] = Counter()

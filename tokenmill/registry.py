@@ -70,7 +70,8 @@ class RunRegistry:
         if spec is None:
             raise UnknownRun(
                 f"run {run_id!r} is not registered in {topics.RUNS_TOPIC} at "
-                f"{self._settings.bootstrap_servers}; create it with `tokenmill produce --run {run_id}`"
+                f"{self._settings.bootstrap_servers}; create it with "
+                f"`tokenmill produce --run {run_id}`"
             )
         return spec
 

@@ -84,7 +84,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             if name == "sources":
                 continue
             value = getattr(self, name)
-            out[name] = "***" if isinstance(value, Secret) else str(value) if isinstance(value, Path) else value
+            out[name] = ("***" if isinstance(value, Secret)
+                         else str(value) if isinstance(value, Path) else value)
         return out
 
     def source(self, name: str) -> str:
@@ -110,7 +111,8 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("bootstrap_servers", "Kafka bootstrap servers, host:port[,host:port]."),
-    Option("security_protocol", "Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL."),
+    Option("security_protocol",
+           "Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL."),
     Option("sasl_mechanism", "SASL mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER."),
     Option("sasl_username", "SASL username."),
     Option("sasl_password", "SASL password (prefer the environment variable).", secret=True),
@@ -223,7 +225,8 @@ def _convert(option: Option, raw: Any, source: str) -> Any:
         return Secret(str(raw))
     if isinstance(raw, str):
         raw = raw.strip()
-        raw = raw.upper() if option.name in _UPPER else raw.lower() if option.name in _LOWER else raw
+        raw = (raw.upper() if option.name in _UPPER
+               else raw.lower() if option.name in _LOWER else raw)
     if option.name == "state_dir":
         value: Any = Path(str(raw)).expanduser().absolute()
     else:
@@ -297,7 +300,8 @@ def _check_consistency(settings: Settings) -> None:
                     "it would be ignored; use --security-protocol SSL or SASL_SSL "
                     f"({ENV_PREFIX}SECURITY_PROTOCOL)")
     if (settings.ssl_certificate_location is None) != (settings.ssl_key_location is None):
-        given = "ssl_certificate_location" if settings.ssl_key_location is None else "ssl_key_location"
+        given = ("ssl_certificate_location" if settings.ssl_key_location is None
+                 else "ssl_key_location")
         raise SettingsError(f"{settings.source(given)} needs its pair: mutual TLS takes both "
                             "--ssl-certificate-location and --ssl-key-location")
 

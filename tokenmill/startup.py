@@ -42,7 +42,7 @@ def retry_delay(attempt: int, remaining_s: float, *, first_s: float = FIRST_DELA
     `cap_s`, and never sleeps past the deadline."""
     if not remaining_s >= MIN_DELAY_S or not math.isfinite(remaining_s):
         return None
-    delay = min(cap_s, first_s * 2 ** min(attempt - 1, 30))
+    delay = min(cap_s, first_s * 2.0 ** min(attempt - 1, 30))
     return min(delay, remaining_s)
 
 

@@ -112,10 +112,10 @@ def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(f"reading {topic}: {error}")
-                    if message.partition() == partition and message.offset() >= end:
+                    if message.partition() == partition and (message.offset() or 0) >= end:
                         return
                     continue
-                if message.offset() >= end:  # committed after reading started
+                if (message.offset() or 0) >= end:  # committed after reading started
                     return
                 yield message
     finally:

@@ -54,6 +54,11 @@ ABORT_ATTEMPTS = 3
 # abort a dead predecessor's open transaction.
 INIT_TIMEOUT_S = 60.0
 
+# Record headers as the services make them. confluent-kafka's stub asks for a
+# list[tuple[str, str | bytes | None]], and a list is invariant: the calls
+# that pass these on say so (no copy on the producer's hot path).
+Headers = list[tuple[str, bytes]]
+
 Step = Literal["begin", "produced", "offsets_sent", "committing", "committed", "aborted"]
 Verdict = Literal["fatal", "abort", "retry"]
 
@@ -139,7 +144,7 @@ class Backoff:
     cap_s: float = 2.0
 
     def delay(self, attempt: int) -> float:
-        return min(self.cap_s, self.first_s * 2 ** (attempt - 1))
+        return min(self.cap_s, self.first_s * 2.0 ** (attempt - 1))
 
 
 class Transaction:
@@ -155,24 +160,24 @@ class Transaction:
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None,
                 partition: int | None = None,
-                headers: list[tuple[str, bytes]] | None = None) -> None:
+                headers: Headers | None = None) -> None:
         """Produce, waiting out a full local queue within the deadline. The
         publisher's hot path: one C call when the queue has room."""
         try:
             self._produce(topic, value, key, -1 if partition is None else partition,
-                          headers=headers)
+                          headers=headers)  # type: ignore[arg-type]  # see Headers
         except BufferError:
             self._produce_when_room(topic, value, key, partition, headers)
 
     def _produce_when_room(self, topic: str, value: bytes, key: bytes | None,
                            partition: int | None,
-                           headers: list[tuple[str, bytes]] | None) -> None:
+                           headers: Headers | None) -> None:
         deadline = time.monotonic() + self.deadline_s
         while True:
             self.producer.poll(0.05)
             try:
                 self._produce(topic, value, key, -1 if partition is None else partition,
-                              headers=headers)
+                              headers=headers)  # type: ignore[arg-type]  # see Headers
                 return
             except BufferError:
                 if time.monotonic() > deadline:
@@ -217,9 +222,7 @@ class Transactions:
             self.hooks.step("produced", number, self.producer)
             for group in offsets():
                 if group.offsets:
-                    self._retrying("send_offsets_to_transaction", lambda g=group: (
-                        self.producer.send_offsets_to_transaction(
-                            list(g.offsets), g.group_metadata(), self.timeout_s)))
+                    self._send_offsets(group)
             self.hooks.step("offsets_sent", number, self.producer)
             self.hooks.step("committing", number, self.producer)
             self._retrying("commit_transaction", lambda: self.producer.commit_transaction(
@@ -236,6 +239,11 @@ class Transactions:
                 raise
             raise TransactionAborted(str(error or exc)) from None
         self.hooks.step("committed", number, self.producer)
+
+    def _send_offsets(self, group: GroupOffsets) -> None:
+        self._retrying("send_offsets_to_transaction", lambda: (
+            self.producer.send_offsets_to_transaction(
+                list(group.offsets), group.group_metadata(), self.timeout_s)))
 
     def _guarded(self, what: str, call: Callable[[], Any]) -> Any:
         """The call, bounded by the watchdog (if any); errors pass unchanged."""
