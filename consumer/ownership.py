@@ -132,6 +132,7 @@ class Ownership:
                 self._drop(parked, "moved")
             held[key] = PartitionState(tp.partition, slot, start_offset=committed.get(key),
                                        topic=tp.topic)
+        self._forget_empty()
         self.metrics.assigned.set(self._count())
         log.info("partitions assigned", slot=slot, partitions=self.labels(keys_of(partitions)),
                  resumed=resumed, owned=self.labels(self.by_key()))
@@ -150,7 +151,7 @@ class Ownership:
                 self._parked[key] = state
             else:
                 self._drop(state, "revoked")
-        self._forget_if_empty(slot)
+        self._forget_empty()
         self.metrics.assigned.set(self._count())
         log.info("partitions revoked", slot=slot, partitions=self.labels(keys_of(partitions)),
                  owned=self.labels(self.by_key()))
@@ -162,7 +163,7 @@ class Ownership:
             state = held.pop(key, None)
             if state is not None:
                 self._drop(state, "lost")
-        self._forget_if_empty(slot)
+        self._forget_empty()
         self.metrics.assigned.set(self._count())
         log.warning("partitions lost; their uncommitted work is dropped", slot=slot,
                     partitions=self.labels(keys_of(partitions)))
@@ -186,8 +187,9 @@ class Ownership:
     def _count(self) -> int:
         return sum(len(held) for held in self._held.values())
 
-    def _forget_if_empty(self, slot: str) -> None:
-        if not self._held.get(slot, True):
+    def _forget_empty(self) -> None:
+        """Slots that hold nothing (closed ones, standbys) need no entry."""
+        for slot in [slot for slot, held in self._held.items() if not held]:
             del self._held[slot]
 
     def _drop(self, state: PartitionState, reason: Drop) -> None:

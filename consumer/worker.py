@@ -36,7 +36,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import Message, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from consumer.balancing import Balancing
 from consumer.checkpoint import Vitals
@@ -67,6 +67,10 @@ log = get_logger("tokenmill.consumer")
 
 
 class Worker:
+    """Parameters: `settings`, `spec` (the run), `config`, `hooks` (observe
+    each transaction step; tests fail or crash one). `run()` returns the exit
+    code, or raises FatalWorkerError."""
+
     def __init__(self, settings: Settings, spec: RunSpec, config: WorkerConfig,
                  hooks: TransactionHooks | None = None) -> None:
         self.settings = settings
@@ -149,9 +153,6 @@ class Worker:
 
     def _on_lost(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         self.ownership.lose(slot.name, partitions)
-
-    def _accept(self, message: Message, slot_name: str) -> None:
-        self.intake.accept(message, slot_name)
 
     # -- the jobs' calls ---------------------------------------------------------
 
