@@ -38,7 +38,7 @@ ZERO = SimulatorConfig(zero_delay=True, length_median=30, length_sigma=0.3, leng
 CONCURRENCY = 256
 PARTITIONS = 8
 # No fleet balancing on either side: a regenerate-turns run never splits into
-# capacity-weighted slots (consumer/worker.py), so the single-turn side runs
+# capacity-weighted slots (consumer/balancing.py), so the single-turn side runs
 # the same one-slot worker and the ratio is the cost of turns alone.
 WORKER_FLAGS = ("--commit-interval", "1.0", "--retry-base", "0.1", "--concurrency",
                 str(CONCURRENCY), "--no-fleet-balancing")

@@ -201,12 +201,7 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
     if not view.stable:
         return Decision(why="group rebalancing")
     if total == 0 or not rates or me not in rates:
-        if not mine and total:
-            # It gave its last partition away: back into the group as a standby.
-            return Decision(open=1, why="rejoin as a standby")
-        if standbys and total == 0:
-            return Decision(close=tuple(m.slot for m in standbys), why="no work left")
-        return Decision(why="no rates yet" if total else "no work left")
+        return _unmeasured(mine, standbys, total)
     workers = view.workers() | {me}
     fleet_rate = sum(rates.get(w, 0.0) for w in workers)
     fleet_eta = eta(total, fleet_rate)
@@ -233,12 +228,28 @@ def decide(view: FleetView, rates: Mapping[str, float], me: str, *,
         return Decision(close=tuple(m.slot for m in standbys), why="caught up with the fleet")
     if len(standbys) > 1:
         return Decision(close=tuple(m.slot for m in standbys[1:]), why="one standby is enough")
-    # 3. donate: the workers furthest behind hand one partition to each
-    # waiting standby (the assignor gives each freed partition to a member
-    # without one, so more partitions than standbys would pile up).
+    return _donate(view, rates, me, etas, fleet_eta + slack, slack, my_latency_s)
+
+
+def _unmeasured(mine: list[Member], standbys: list[Member], total: int) -> Decision:
+    """No work left, or no rates to compare yet."""
+    if not mine and total:
+        # It gave its last partition away: back into the group as a standby.
+        return Decision(open=1, why="rejoin as a standby")
+    if standbys and total == 0:
+        return Decision(close=tuple(m.slot for m in standbys), why="no work left")
+    return Decision(why="no rates yet" if total else "no work left")
+
+
+def _donate(view: FleetView, rates: Mapping[str, float], me: str, etas: Mapping[str, float],
+            late_eta: float, slack: float, my_latency_s: float) -> Decision:
+    """3. donate: the workers furthest behind (ETA above `late_eta`) hand one
+    partition to each waiting standby (the assignor gives each freed
+    partition to a member without one, so more partitions than standbys
+    would pile up)."""
     receivers = sorted({m.worker for m in view.members if not m.partitions},
                        key=lambda w: (etas[w], w))
-    donors = sorted((w for w in workers if etas[w] > fleet_eta + slack and w not in receivers),
+    donors = sorted((w for w in etas if etas[w] > late_eta and w not in receivers),
                     key=lambda w: (-etas[w], w))[:len(receivers)]
     if me not in donors:
         return Decision()

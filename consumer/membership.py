@@ -18,7 +18,7 @@ lost -> assign cycle unnoticed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,7 @@ class Slot:
     consumer: Consumer
     partitions: set[int] = field(default_factory=set)
 
-    def group_offsets(self, offsets: dict[tuple[str, int], int]) -> GroupOffsets:
+    def group_offsets(self, offsets: Mapping[tuple[str, int], int]) -> GroupOffsets:
         """Next offsets by (topic, partition), sent with this member's metadata."""
         return GroupOffsets([TopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
                             self.consumer.consumer_group_metadata)
@@ -125,6 +125,10 @@ class Membership:
         slot.consumer.unsubscribe()
         self._subscribe(slot)
 
+    def rejoin_all(self) -> None:
+        for name in list(self.slots):
+            self.rejoin(name)
+
     def close_all(self) -> None:
         for name in list(self.slots):
             self.close(name)
@@ -175,6 +179,13 @@ class Membership:
             (slot.consumer.pause if paused else slot.consumer.resume)(partitions)
 
     # -- offsets -----------------------------------------------------------------
+
+    def group_offsets(self, by_slot: Mapping[str, Mapping[tuple[str, int], int]]
+                      ) -> list[GroupOffsets]:
+        """Each slot's next offsets with its fresh group metadata, for the
+        transaction; a slot closed meanwhile sends none."""
+        return [self.slots[name].group_offsets(offsets) for name, offsets in by_slot.items()
+                if name in self.slots]
 
     def committed(self, slot: Slot, partitions: list[TopicPartition]
                   ) -> dict[tuple[str, int], int | None]:

@@ -13,8 +13,10 @@ class ConsumerMetrics:
                                    ["finish_reason"], registry=r)
         self.failures = Counter("tokenmill_consumer_failures", "Committed failure records",
                                 ["kind"], registry=r)
-        self.retries = Counter("tokenmill_consumer_retries", "Request retries", ["kind"], registry=r)
-        self.prompt_tokens = Counter("tokenmill_consumer_prompt_tokens", "Prompt tokens", registry=r)
+        self.retries = Counter("tokenmill_consumer_retries", "Request retries", ["kind"],
+                               registry=r)
+        self.prompt_tokens = Counter("tokenmill_consumer_prompt_tokens", "Prompt tokens",
+                                     registry=r)
         self.completion_tokens = Counter("tokenmill_consumer_completion_tokens",
                                          "Completion tokens", registry=r)
         self.in_flight = Gauge("tokenmill_consumer_in_flight", "Requests in flight", registry=r)
@@ -24,7 +26,8 @@ class ConsumerMetrics:
         self.committed_offset = Gauge("tokenmill_consumer_committed_offset",
                                       "Committed input offset", ["partition"], registry=r)
         self.lag = Gauge("tokenmill_consumer_lag", "High watermark minus committed offset "
-                         "(approximate: transaction markers take offsets)", ["partition"], registry=r)
+                         "(approximate: transaction markers take offsets)", ["partition"],
+                         registry=r)
         self.waiting = Gauge("tokenmill_consumer_waiting_results",
                              "Finished results held behind an unfinished offset", registry=r)
         self.wasted = Counter("tokenmill_consumer_wasted_generations",

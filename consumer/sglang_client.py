@@ -132,7 +132,8 @@ class Generated(msgspec.Struct, frozen=True):
 # --- pure pieces -------------------------------------------------------------
 
 
-def request_body(prompt: PromptRecord, settings: GenerationSettings, attempt: int = 1) -> dict[str, Any]:
+def request_body(prompt: PromptRecord, settings: GenerationSettings,
+                 attempt: int = 1) -> dict[str, Any]:
     """The chat request for a prompt. `rid` is the prompt id (suffixed on
     retries, because SGLang refuses a rid that is still running)."""
     body: dict[str, Any] = {
@@ -185,7 +186,8 @@ def error_message(payload: bytes) -> str:
         return payload[:500].decode(errors="replace")
     if isinstance(body.error, dict):
         return str(body.error.get("message", body.error))
-    return body.message or (str(body.error) if body.error else payload[:500].decode(errors="replace"))
+    return body.message or (str(body.error) if body.error
+                            else payload[:500].decode(errors="replace"))
 
 
 def _arguments(raw: str | dict[str, Any] | None) -> str:
@@ -285,11 +287,13 @@ class SGLangClient:
         started = time.monotonic()
         try:
             async with self.session.post(f"{self.base_url}/v1/chat/completions",
-                                         data=_encoder.encode(body), timeout=self._timeout) as response:
+                                         data=_encoder.encode(body),
+                                         timeout=self._timeout) as response:
                 payload = await response.read()
                 status = response.status
         except asyncio.TimeoutError:
-            raise Retryable(f"timed out after {self._timeout.total:.0f}s", None, "timeout") from None
+            raise Retryable(f"timed out after {self._timeout.total:.0f}s", None,
+                            "timeout") from None
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
                 aiohttp.ClientOSError) as exc:
             raise ServerUnavailable(f"{type(exc).__name__}: {exc}") from None

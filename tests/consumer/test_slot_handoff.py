@@ -80,8 +80,8 @@ def test_an_old_slots_late_loss_and_messages_leave_the_new_slots_partition_alone
     key = (tp.topic, 3)
 
     worker._on_assign(old, [tp])
-    worker._accept(_message(COMMITTED), old.name)
-    worker._accept(_message(COMMITTED + 1), old.name)
+    worker.intake.accept(_message(COMMITTED), old.name)
+    worker.intake.accept(_message(COMMITTED + 1), old.name)
     assert worker.states[key].slot == old.name and len(worker.states[key].queue) == 2
 
     # The group moved the partition to the new slot; the old one has not heard yet.
@@ -90,7 +90,7 @@ def test_an_old_slots_late_loss_and_messages_leave_the_new_slots_partition_alone
     assert state.slot == new.name and not state.queue and state.last_fetched is None
     # The old slot's fetches still arrive: they must not enter the new state
     # (the new slot reads from the committed offset itself).
-    worker._accept(_message(COMMITTED + 2), old.name)
+    worker.intake.accept(_message(COMMITTED + 2), old.name)
     assert state.last_fetched is None and not state.queue
     # The old slot learns of its loss, or is revoked: the new state stays.
     worker._on_lost(old, [tp])
@@ -98,7 +98,7 @@ def test_an_old_slots_late_loss_and_messages_leave_the_new_slots_partition_alone
     assert worker.states.get(key) is state
     # and the new slot's records from the committed offset are taken in order
     for offset in (COMMITTED, COMMITTED + 1, COMMITTED + 2):
-        worker._accept(_message(offset), new.name)
+        worker.intake.accept(_message(offset), new.name)
     assert [o for o, _ in state.queue] == [COMMITTED, COMMITTED + 1, COMMITTED + 2]
 
 

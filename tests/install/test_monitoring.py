@@ -208,7 +208,7 @@ def test_the_monitored_metrics_are_set_by_their_service() -> None:
 @pytest.mark.parametrize("sample", ["tokenmill_consumer_lag", "tokenmill_consumer_waiting_results"])
 def test_the_worker_sets_its_backlog_gauges(sample: str) -> None:
     # Once declared and never set (found by the check above); now the worker
-    # sets them after each commit (consumer/worker.py `_observe_backlog`).
+    # sets them after each commit (consumer/committer.py `_observe_backlog`).
     package, attribute = EXPORTED[sample]
     assert attribute in set_attributes(package)
 
