@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import socket
 from urllib.parse import urlparse
@@ -18,7 +17,7 @@ from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
 from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.registry import RunRegistry
-from tokenmill.settings import Settings, http_url_problem
+from tokenmill.settings import Settings, http_url_problem, sglang_api_key
 from tokenmill.tool_results import HookUnavailable
 
 register_known_error(FatalWorkerError, KafkaFatal, HookUnavailable)
@@ -124,7 +123,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
     if not INSTANCE_PATTERN.match(instance):
         raise click.BadParameter(f"{instance!r}: use 1-100 letters, digits, '.', '_' or '-'",
                                  param_hint="--instance")
-    api_key = os.environ.get("TOKENMILL_SGLANG_API_KEY") or None
+    api_key = sglang_api_key()
     clients.wait_for_broker(settings)
     spec = RunRegistry(settings).get(run_id)
     asyncio.run(wait_for_server(sglang_url, timeout_s=settings.startup_timeout_s,

@@ -6,6 +6,7 @@ import msgspec
 
 from consumer.backoff import RetryPolicy
 from tokenmill.kafka import groups
+from tokenmill.settings import Secret
 
 
 class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,4 +41,4 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     breaker_threshold: float = 0.9  # share of one failure cause that opens it
     breaker_cooldown_s: float = 30.0  # before the first probe (doubles, up to 10 min)
     stall_s: float = 120.0
-    api_key: str | None = None
+    api_key: Secret | None = None  # TOKENMILL_SGLANG_API_KEY; never printed

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from consumer.sglang_client import ServerUnavailable, SGLangClient
 from tokenmill.log import get_logger
+from tokenmill.settings import Secret
 from tokenmill.startup import StartupWait, wait_until_up_async
 
 log = get_logger("tokenmill.consumer.health")
@@ -70,7 +71,7 @@ class HealthGate:
             self._probing.cancel()
 
 
-async def wait_for_server(url: str, *, timeout_s: float, api_key: str | None = None) -> None:
+async def wait_for_server(url: str, *, timeout_s: float, api_key: Secret | None = None) -> None:
     """At start-up: wait (logged, bounded by the start-up timeout) until the
     server answers, before the worker joins the group and takes partitions."""
     async with SGLangClient(url, api_key=api_key, max_connections=1) as client:

@@ -24,6 +24,7 @@ import msgspec
 
 from schemas import GenerationSettings, PromptRecord, SpecStats, ToolCall, Usage
 from schemas.messages import FunctionCall
+from tokenmill.settings import Secret
 
 
 class GenerationError(Exception):
@@ -260,13 +261,13 @@ class SGLangClient:
     """One aiohttp session to one server; connection pool sized by the caller."""
 
     def __init__(self, base_url: str, *, request_timeout_s: float = 1800.0,
-                 max_connections: int = 1024, api_key: str | None = None) -> None:
+                 max_connections: int = 1024, api_key: Secret | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
         self._max_connections = max_connections
         self._headers = {"Content-Type": "application/json"}
         if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+            self._headers["Authorization"] = f"Bearer {api_key.reveal()}"
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> SGLangClient:

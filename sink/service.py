@@ -41,13 +41,14 @@ from sink.liveness import Liveness, busy_since
 from sink.metrics import SinkMetrics
 from sink.object_store import ObjectStore
 from sink.ownership import Ownership
-from sink.periodic_checks import StrandedRepair, check_done, update_lag
+from sink.periodic_checks import check_done, update_lag
 from sink.probes import Probes
 from sink.round import Rounds
 from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, make_client
 from tokenmill import progress as run_progress
 from tokenmill.kafka import clients, groups, topics, transactions
+from tokenmill.kafka.stranded import StrandedRepair
 from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
@@ -96,9 +97,10 @@ class SinkService:
         self._liveness: Liveness | None = None
         self._unstarted = SinkProgress(run=spec.run_id, instance=config.instance)
         self.watchdog = Watchdog(f"sink {config.instance}", stall_s=config.stall_s)
-        self._stranded = StrandedRepair(settings=settings, run=config.run,
-                                        instance=config.instance, topic=self.topic,
-                                        partitions=spec.partitions, rejoin=self._rejoin)
+        # Classic protocol: partitions no member owns are taken back by one
+        # member rejoining.
+        self._stranded = StrandedRepair(f"{config.instance}#", grace_s=10.0,
+                                        rejoin=self._rejoin)
         self._made_at = clock()  # the first heartbeat is due one interval after this
         self._s3_errors = S3Errors()
 
@@ -272,7 +274,9 @@ class SinkService:
             if now >= next_lag:
                 update_lag(self._consumer, self.topic, ownership.batchers, self.metrics)
                 if config.group_protocol == "classic":
-                    self._stranded.check()
+                    self._stranded.check(clients.admin(self.settings),
+                                         topics.sink_group(config.run), self.topic,
+                                         self.spec.partitions)
                 next_lag = now + LAG_INTERVAL_S
             if liveness.due(now):
                 liveness.heartbeat(uploading_since=self._s3_busy_since())

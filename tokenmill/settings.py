@@ -51,6 +51,13 @@ class Secret:
         return hash(self._value)
 
 
+def sglang_api_key() -> Secret | None:
+    """The SGLang server's API key (`--api-key` of the server), from
+    TOKENMILL_SGLANG_API_KEY: kept out of flags so it never shows in `ps`."""
+    value = os.environ.get("TOKENMILL_SGLANG_API_KEY")
+    return Secret(value) if value else None
+
+
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
 LogFormat = Literal["auto", "json", "console"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import get_args
@@ -18,7 +17,7 @@ from ops.plan.runner import PlanError, PlanOptions, make_plan
 from producer.errors import ProducerError
 from schemas.run import MultiTurnPolicy, ToolMode
 from tokenmill.commandline import register_known_error, service_command
-from tokenmill.settings import Settings
+from tokenmill.settings import Settings, sglang_api_key
 
 # one line for the operator, no traceback: the server refused every request
 # (401/403/404), or the plan cannot be made, or the inputs are unreadable
@@ -129,7 +128,7 @@ def plan(settings: Settings, files: tuple[Path, ...], sglang_url: str | None, sa
         levels=parse_int_list(concurrency_levels, "--concurrency-levels")
         if concurrency_levels else None,
         max_concurrency=max_concurrency, model=model, thinking=thinking,
-        api_key=os.environ.get("TOKENMILL_SGLANG_API_KEY") or None,
+        api_key=sglang_api_key(),
         estimate_rps=estimate_rps, estimate_output_tokens=estimate_output_tokens,
         show_progress=show_progress, scratch=settings.state_dir / "plan")
     err = Console(stderr=True)

@@ -31,6 +31,7 @@ from ops.plan.dataset import DatasetSample, read_sample
 from schemas.plan import Plan
 from schemas.run import GenerationSettings, MultiTurnPolicy, ToolMode
 from tokenmill.log import get_logger
+from tokenmill.settings import Secret
 
 log = get_logger("tokenmill.plan")
 
@@ -56,7 +57,7 @@ class PlanOptions:
     max_concurrency: int | None = None  # None: twice the server's limit, else 256
     model: str = "default"
     thinking: bool = True
-    api_key: str | None = None
+    api_key: Secret | None = None
     estimate_rps: float | None = None
     estimate_output_tokens: float | None = None
     show_progress: bool | None = None

@@ -67,3 +67,24 @@ def test_log_lines_mask_secret_keys() -> None:
     assert line["sasl_password"] == "***"
     assert line["aws_secret_access_key"] == "***"
     assert "hunter2" not in stream.getvalue()
+
+
+def test_the_sglang_api_key_is_a_secret_that_never_prints(monkeypatch) -> None:
+    from consumer.config import WorkerConfig
+    from tokenmill.settings import sglang_api_key
+
+    monkeypatch.delenv("TOKENMILL_SGLANG_API_KEY", raising=False)
+    assert sglang_api_key() is None
+    monkeypatch.setenv("TOKENMILL_SGLANG_API_KEY", "sk-very-secret")
+    key = sglang_api_key()
+    assert key is not None and key.reveal() == "sk-very-secret"
+    config = WorkerConfig(instance="w", sglang_url="http://x", api_key=key)
+    assert "sk-very-secret" not in repr(config) and "sk-very-secret" not in str(key)
+
+
+async def test_the_sglang_client_sends_the_revealed_key() -> None:
+    from consumer.sglang_client import SGLangClient
+    from tokenmill.settings import Secret
+
+    async with SGLangClient("http://127.0.0.1:1", api_key=Secret("sk-1")) as client:
+        assert client._headers["Authorization"] == "Bearer sk-1"
