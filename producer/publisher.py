@@ -325,7 +325,9 @@ def _watermarks(settings: Settings, topic: str, partitions: int) -> dict[int, tu
     """(low, high) of every partition in two batched requests. A just-created
     topic may not have its leaders yet: retry briefly."""
     admin = clients.admin(settings)
-    deadline = time.monotonic() + max(settings.connect_timeout_s, 10.0)
+    # Electing the leaders of a new topic's partitions took over 10 s on a
+    # loaded broker host (NOT_LEADER_FOR_PARTITION throughout).
+    deadline = time.monotonic() + max(settings.connect_timeout_s, 30.0)
     while True:
         try:
             found: dict[int, list[int]] = {p: [] for p in range(partitions)}
