@@ -331,7 +331,7 @@ class SinkService:
             if error.code() == KafkaError._PARTITION_EOF:
                 self._at_eof.add(partition)
                 return
-            if error.fatal() or error.code() == KafkaError._FATAL:
+            if error.fatal() or error.code() == KafkaError._FATAL or clients.refused_by_acl(error):
                 raise KafkaFatal(f"sink {self.config.instance}: {error.str()}")
             log.warning("consumer error", error=str(error))
             return

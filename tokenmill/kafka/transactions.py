@@ -30,11 +30,12 @@ to fail a step. No fault switch lives in the services themselves.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -90,8 +91,11 @@ def classify(error: KafkaError) -> Verdict:
     transaction timeout, and librdkafka answering such a request late (after
     the abort) was seen to abort the process (`rd_kafka_enq_once_del_source_
     return: Assertion eonce->refcnt > 0`, librdkafka 2.16). A fresh process
-    recovers from committed state instead."""
-    if error.fatal() or error.code() in _FENCED or error.code() == KafkaError._TIMED_OUT:
+    recovers from committed state instead. A step the broker's ACLs refuse
+    is fatal too: an aborted and retried transaction would be refused again,
+    forever."""
+    if (error.fatal() or error.code() in _FENCED or error.code() == KafkaError._TIMED_OUT
+            or clients.refused_by_acl(error)):
         return "fatal"
     if error.txn_requires_abort():
         return "abort"
@@ -102,6 +106,10 @@ def classify(error: KafkaError) -> Verdict:
 
 def fenced_message(error: KafkaError, transactional_id: str) -> str:
     """One line that says what happened and what to look at."""
+    if clients.refused_by_acl(error):
+        return (f"Kafka refused transactional producer {transactional_id}: {error.str()} "
+                f"({error.name()}); its principal lacks an ACL (`tokenmill deploy acls --run "
+                "RUN` prints each role's)")
     if error.code() == KafkaError._TIMED_OUT:
         return (f"Kafka did not answer a transaction step of {transactional_id} in time "
                 f"(broker down or restarting?); restarting from committed state "
@@ -139,7 +147,7 @@ class Backoff:
     cap_s: float = 2.0
 
     def delay(self, attempt: int) -> float:
-        return min(self.cap_s, self.first_s * 2 ** (attempt - 1))
+        return float(min(self.cap_s, self.first_s * 2 ** (attempt - 1)))
 
 
 class Transaction:
@@ -160,7 +168,7 @@ class Transaction:
         publisher's hot path: one C call when the queue has room."""
         try:
             self._produce(topic, value, key, -1 if partition is None else partition,
-                          headers=headers)
+                          headers=cast(Any, headers))
         except BufferError:
             self._produce_when_room(topic, value, key, partition, headers)
 
@@ -172,7 +180,7 @@ class Transaction:
             self.producer.poll(0.05)
             try:
                 self._produce(topic, value, key, -1 if partition is None else partition,
-                              headers=headers)
+                              headers=cast(Any, headers))
                 return
             except BufferError:
                 if time.monotonic() > deadline:
@@ -217,9 +225,8 @@ class Transactions:
             self.hooks.step("produced", number, self.producer)
             for group in offsets():
                 if group.offsets:
-                    self._retrying("send_offsets_to_transaction", lambda g=group: (
-                        self.producer.send_offsets_to_transaction(
-                            list(g.offsets), g.group_metadata(), self.timeout_s)))
+                    self._retrying("send_offsets_to_transaction", functools.partial(
+                        self._send_offsets, group))
             self.hooks.step("offsets_sent", number, self.producer)
             self.hooks.step("committing", number, self.producer)
             self._retrying("commit_transaction", lambda: self.producer.commit_transaction(
@@ -252,6 +259,10 @@ class Transactions:
             if error is not None and classify(error) == "fatal":
                 raise KafkaFatal(fenced_message(error, self.transactional_id)) from None
             raise
+
+    def _send_offsets(self, group: GroupOffsets) -> None:
+        self.producer.send_offsets_to_transaction(list(group.offsets), group.group_metadata(),
+                                                  self.timeout_s)
 
     def _retrying(self, what: str, call: Callable[[], Any]) -> None:
         deadline = time.monotonic() + self.timeout_s
