@@ -24,7 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined, unused-ignore]
 
 from tokenmill.kafka.topics import MAX_MESSAGE_BYTES
 from tokenmill.log import get_logger
-from tokenmill.settings import Settings
+from tokenmill.settings import Settings, read_properties
 from tokenmill.startup import StartupWait, wait_until_up
 
 log = get_logger("tokenmill.kafka")
@@ -95,6 +95,8 @@ def base_config(settings: Settings) -> dict[str, Any]:
     ):
         if value:
             config[key] = value
+    if settings.kafka_properties:
+        config.update(read_properties(settings.kafka_properties))
     return config
 
 
@@ -171,7 +173,7 @@ _CHECK_SLICE_S = 0.25  # how often a check looks at the refusals seen so far
 # appends its state ("(after 312ms in state AUTH_REQ, 4 identical error(s)
 # suppressed)"): neither helps the reader of one line.
 _BROKER_PREFIX = re.compile(r"^\S+://\S+?/\S+?: ")
-_STATE_SUFFIX = re.compile(r"\s*\(after \d+ms in state [^)]*\)\s*$")
+_STATE_SUFFIX = re.compile(r"\s*\(after \d+ms in state .*\)\s*$")
 
 
 def _refusal(settings: Settings, error: KafkaError) -> BrokerRefused:
@@ -179,10 +181,12 @@ def _refusal(settings: Settings, error: KafkaError) -> BrokerRefused:
     where = settings.bootstrap_servers
     if _REFUSALS[error.code()] == "authentication":
         who = f"of {settings.sasl_username!r} " if settings.sasl_username else ""
+        check = (f"the sasl.oauthbearer.* properties ({settings.source('kafka_properties')})"
+                 if settings.sasl_mechanism == "OAUTHBEARER" else
+                 f"{settings.source('sasl_username')} and the password (TOKENMILL_SASL_PASSWORD)")
         return BrokerRefused(
             f"Kafka at {where} refused the credentials {who}({settings.sasl_mechanism}): "
-            f"{detail}; check {settings.source('sasl_username')} and the password "
-            "(TOKENMILL_SASL_PASSWORD)")
+            f"{detail}; check {check}")
     return BrokerRefused(
         f"the TLS handshake with Kafka at {where} failed: {detail}; check "
         f"{settings.source('ssl_ca_location')} (the CA that signed the broker's certificate) "
