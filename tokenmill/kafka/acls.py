@@ -174,14 +174,18 @@ def _run_grants(grants: _Grants, run: str, parents: Sequence[str]) -> None:
         grants.add(txn, topics.transactional_id(run, "sink") + ".", ("WRITE",),
                    "one transactional producer per sink instance", "PREFIXED")
     else:  # reader
-        for name in (prompts, completions, dlq, progress):
-            grants.add(topic, name, ("READ",), "reads the run (status, spot-check, dataset, "
-                       "export)")
+        grants.add(topic, prompts, ("DESCRIBE",),
+                   "status describes the workers' group, which needs its topic described")
+        grants.add(topic, completions, ("READ",), "spot-check reads results")
+        grants.add(topic, dlq, ("READ",), "dataset, export and spot-check read dead letters")
+        grants.add(topic, progress, ("READ",), "status, dataset and export read the counters")
         grants.add(group, f"tokenmill.{run}.", ("DESCRIBE",),
-                   "describes the run's groups; assign-only readers", "PREFIXED")
+                   "status describes the run's groups; assign-only readers", "PREFIXED")
         for parent in parents:
-            for name in (topics.prompts_topic(parent), topics.completions_topic(parent),
-                         topics.dlq_topic(parent), topics.progress_topic(parent)):
+            grants.add(topic, topics.prompts_topic(parent), ("DESCRIBE",),
+                       "lineage: the parent's group")
+            for name in (topics.completions_topic(parent), topics.dlq_topic(parent),
+                         topics.progress_topic(parent)):
                 grants.add(topic, name, ("READ",), "lineage: reads the parent run")
             grants.add(group, f"tokenmill.{parent}.", ("DESCRIBE",),
                        "lineage: the parent run's assign-only readers", "PREFIXED")
@@ -195,7 +199,7 @@ _PREFIX_GRANTS: dict[Role, dict[ResourceKind, tuple[Operation, ...]]] = {
                "TRANSACTIONAL_ID": ("WRITE",)},
     "sink": {"TOPIC": ("READ", "WRITE"), "GROUP": ("READ", "ALTER_CONFIGS"),
              "TRANSACTIONAL_ID": ("WRITE",)},
-    "reader": {"TOPIC": ("READ",), "GROUP": ("DESCRIBE",)},
+    "reader": {"TOPIC": ("READ",), "GROUP": ("DESCRIBE",)},  # READ: prompts can't be told apart
 }
 
 
