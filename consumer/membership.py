@@ -158,7 +158,7 @@ class Membership:
                 error = message.error()
                 if error is None:
                     out.append((name, message))
-                elif error.fatal():
+                elif error.fatal() or clients.refused_by_acl(error):  # a missing ACL
                     raise KafkaFatal(f"consumer {name} of {self.group}: {error.str()}")
                 elif error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error", slot=name, error=error.str())

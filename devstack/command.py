@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from devstack import container_engine, images, stack
+from devstack import container_engine, images, secure, stack
 from tokenmill.commandline import register_known_error, service_command
 from tokenmill.flag_types import HEAP, PORT, Pattern, seconds
 from tokenmill.settings import BUCKET_PATTERN, Settings, writable_state_dir
@@ -20,8 +20,20 @@ register_known_error(*stack.SETUP_ERRORS)
 console = Console(stderr=True)
 
 
-def _exports(state: stack.StackState) -> str:
-    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in state.env().items())
+def _exports(state: stack.StackState, role: str | None = None) -> str:
+    """The shell's exports; on a secured stack, logged in as `role` (default
+    admin), with every role's login as a comment ready to paste."""
+    env = state.env()
+    if state.security is None:
+        return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+    env.update(secure.role_env(state.security, role or secure.ADMIN))
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines.append("# Each role's login (`tokenmill dev env --role ROLE` prints its exports):")
+    for name in (*secure.ROLES, secure.ADMIN):
+        login = " ".join(f"{k}={shlex.quote(v)}"
+                         for k, v in secure.role_env(state.security, name).items())
+        lines.append(f"#   {name:<8}  export {login}")
+    return "\n".join(lines)
 
 
 @click.group()
@@ -43,9 +55,13 @@ def dev() -> None:
               help="Heap limit of each broker JVM.")
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=seconds(0, 3600),
               help="Seconds to wait for the services to answer.")
+@click.option("--secure", "secured", is_flag=True,
+              help="SASL_SSL (SCRAM-SHA-512) with TLS from a CA made in the state directory, "
+                   "ACLs enforced, and one principal per role (producer, worker, sink, reader; "
+                   "admin grants ACLs). The exports log in as admin and list every role's.")
 @service_command
 def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, s3_port: int,
-       bucket: str, kafka_heap: str, timeout_s: float) -> None:
+       bucket: str, kafka_heap: str, timeout_s: float, secured: bool) -> None:
     """Start the brokers and the S3 server (or whichever of them is down),
     wait until they answer, print exports.
 
@@ -53,6 +69,7 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
     Example:
       eval "$(tokenmill dev up)"
       eval "$(tokenmill dev up --brokers 3)"
+      eval "$(tokenmill dev up --secure)"
     """
     ports = [*(kafka_port + 2 * i for i in range(brokers)),
              *(controller_port + 2 * i for i in range(brokers)), s3_port]
@@ -64,7 +81,7 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
     plan = stack.StackPlan.on_ports(
         writable_state_dir(settings), kafka_port=kafka_port, controller_port=controller_port,
         brokers=brokers, s3_port=s3_port, bucket=bucket, kafka_heap=kafka_heap,
-        timeout_s=timeout_s,
+        timeout_s=timeout_s, secure=secured,
     )
     started_at = time.monotonic()
     with console.status("starting Kafka and S3...") as spinner:
@@ -77,9 +94,12 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
         what = f"restarted {', '.join(started)} (the rest was running)"
     console.print(
         f"[green]dev stack {what}[/] in {time.monotonic() - started_at:.1f}s: "
-        f"Kafka {state.bootstrap}, S3 {state.s3.address} (bucket {state.bucket}); "
-        f"state in {settings.state_dir}"
+        f"Kafka {state.bootstrap}{' (SASL_SSL, ACLs on)' if state.security else ''}, "
+        f"S3 {state.s3.address} (bucket {state.bucket}); state in {settings.state_dir}"
     )
+    if state.security is not None:
+        console.print("the roles have no ACLs yet: as admin, `tokenmill deploy acls --run RUN "
+                      "--apply` grants a run's; `tokenmill dev env --role ROLE` logs a shell in")
     click.echo(_exports(state))
 
 
@@ -112,18 +132,24 @@ def status(settings: Settings) -> None:
 
 
 @dev.command()
+@click.option("--role", type=click.Choice([*secure.ROLES, secure.ADMIN]), default=None,
+              help="A secured stack (`dev up --secure`): log in as this principal "
+                   "(default admin).")
 @service_command
-def env(settings: Settings) -> None:
+def env(settings: Settings, role: str | None) -> None:
     """Print the exports that point tokenmill at the running dev stack.
 
     \b
     Example:
       eval "$(tokenmill dev env)"
+      eval "$(tokenmill dev env --role worker)"
     """
     state = stack.read_state(settings.state_dir)
     if state is None:
         raise click.ClickException("the dev stack is not running; start it with `tokenmill dev up`")
-    click.echo(_exports(state))
+    if role is not None and state.security is None:
+        raise click.UsageError("--role needs a secured stack (`tokenmill dev up --secure`)")
+    click.echo(_exports(state, role))
 
 
 @dev.command(name="images")

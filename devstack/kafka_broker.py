@@ -172,22 +172,30 @@ def cluster_id(state_dir: Path) -> str:
     return path.read_text().strip()
 
 
-def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str) -> None:
+def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str, *,
+            configure: Callable[[NodePlan, str], str] | None = None,
+            format_args: Sequence[str] = ()) -> None:
     """Write each node's config and format the storage of nodes never
-    started (in parallel: one JVM each)."""
+    started (in parallel: one JVM each). `configure` rewrites a node's
+    config (the secured stack's listeners), `format_args` go to the storage
+    format (its SCRAM credentials)."""
     nodes = [plan.node for plan in plans]
     formatting = []
     for plan in plans:
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
-        plan.config_path.write_text(kraft.server_properties(
-            nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster))
+        properties = kraft.server_properties(
+            nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster)
+        plan.config_path.write_text(configure(plan, properties) if configure else properties)
+        if configure is not None:
+            plan.config_path.chmod(0o600)  # it holds the broker's password
         (plan.home / "log4j2.properties").write_text(
             deploy_files.read_text("deploy/kafka/log4j2.properties"))
         if (plan.data_dir / "meta.properties").is_file():
             continue
         # "=" form: a base64 id may start with "-", which argparse would take for an option.
         command = java_command(plan, lib, "kafka.tools.StorageTool", "format",
-                               f"--cluster-id={cluster}", "-c", str(plan.config_path))
+                               f"--cluster-id={cluster}", "-c", str(plan.config_path),
+                               *format_args)
         formatting.append((plan, subprocess.Popen(command, stdout=subprocess.PIPE,
                                                   stderr=subprocess.STDOUT, text=True)))
     for plan, process in formatting:

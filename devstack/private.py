@@ -19,8 +19,8 @@ from typing import Any, Self
 
 import msgspec
 
-from devstack import kafka_broker, processes, stack
-from tokenmill.settings import Settings
+from devstack import kafka_broker, processes, secure, stack
+from tokenmill.settings import Secret, Settings
 
 
 class BrokerNode:
@@ -81,8 +81,8 @@ class BrokerNode:
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until the broker listens and the cluster reports it up."""
-        stack.wait_for_brokers([self._service()], timeout_s,
-                               bootstrap=self._owner.bootstrap)
+        stack.wait_for_brokers([self._service()], timeout_s, bootstrap=self._owner.bootstrap,
+                               client_config=secure.admin_config(self._owner.state.security))
 
 
 class PrivateStack:
@@ -90,11 +90,12 @@ class PrivateStack:
     on free ports, stopped by `down` (or leaving the `with` block)."""
 
     def __init__(self, state_dir: Path, *, brokers: int = 1, kafka_heap: str = "512m",
-                 timeout_s: float = 180.0) -> None:
+                 timeout_s: float = 180.0, secure: bool = False) -> None:
         if brokers not in (1, 3):
             raise ValueError("a private stack has 1 or 3 brokers")
         self.plan = stack.StackPlan.on_free_ports(state_dir, brokers=brokers,
-                                                  kafka_heap=kafka_heap, timeout_s=timeout_s)
+                                                  kafka_heap=kafka_heap, timeout_s=timeout_s,
+                                                  secure=secure)
         self._state: stack.StackState | None = None
 
     def up(self) -> Self:
@@ -144,16 +145,33 @@ class PrivateStack:
         """TOKENMILL_* and AWS_* variables for `tokenmill` child processes."""
         return self.state.env()
 
-    def settings(self, **overrides: Any) -> Settings:
+    def settings(self, role: str | None = None, **overrides: Any) -> Settings:
+        """Settings for this stack; on a secured one, logged in as `role`
+        (producer, worker, sink, reader, admin)."""
         values: dict[str, Any] = {"bootstrap_servers": self.bootstrap,
                                   "s3_endpoint_url": self.s3_endpoint_url,
                                   "s3_bucket": self.bucket, "state_dir": self.plan.state_dir}
+        security = self.state.security
+        if security is not None:
+            if role is None:
+                raise ValueError("a secured stack's settings need a role")
+            values.update(security_protocol="SASL_SSL", sasl_mechanism=security.mechanism,
+                          sasl_username=role,
+                          sasl_password=Secret(secure.password(security, role)),
+                          ssl_ca_location=security.ca_location)
         values.update(overrides)
         return Settings(**values)
 
+    def role_env(self, role: str) -> dict[str, str]:
+        """`env()` logged in as `role` (a secured stack)."""
+        if self.state.security is None:
+            raise RuntimeError("the stack is not secured: it has no roles")
+        return {**self.env(), **secure.role_env(self.state.security, role)}
+
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until every broker runs and the cluster reports all of them up."""
-        stack.wait_for_brokers(self.state.brokers, timeout_s)
+        stack.wait_for_brokers(self.state.brokers, timeout_s,
+                               client_config=secure.admin_config(self.state.security))
 
     def replace_broker(self, node_id: int, pid: int) -> None:
         """Record a broker's new pid (also in stack.json, so `dev down` stops it)."""

@@ -20,7 +20,7 @@ from typing import Any
 import boto3
 import msgspec
 
-from devstack import kafka_broker, processes, s3_server
+from devstack import kafka_broker, processes, s3_server, secure
 from tokenmill.kafka import kraft
 from tokenmill.log import get_logger
 
@@ -45,6 +45,7 @@ class StackState(msgspec.Struct):
     s3: ServiceState
     bucket: str
     started_at: float
+    security: secure.SecureState | None = None  # `dev up --secure`
 
     @property
     def bootstrap(self) -> str:
@@ -62,6 +63,7 @@ class StackState(msgspec.Struct):
             "AWS_ACCESS_KEY_ID": s3_server.DEV_ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": s3_server.DEV_SECRET_KEY,
             "AWS_DEFAULT_REGION": "us-east-1",
+            **(secure.shared_env(self.security) if self.security else {}),
         }
 
 
@@ -87,6 +89,7 @@ class StackPlan:
     bucket: str = DEFAULT_BUCKET
     kafka_heap: str = "1g"
     timeout_s: float = 120.0
+    secure: bool = False  # SASL_SSL, ACLs, a principal per role (devstack/secure.py)
     nodes: tuple[kraft.Node, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -178,7 +181,11 @@ def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState
 
     lib = kafka_broker.fetch_jars(on_progress)
     node_plans = plan.node_plans()
-    kafka_broker.prepare(node_plans, lib, kafka_broker.cluster_id(plan.state_dir))
+    security = (secure.prepare(plan.state_dir, [node.host for node in plan.nodes],
+                               [node_plan.data_dir for node_plan in node_plans])
+                if plan.secure else None)
+    kafka_broker.prepare(node_plans, lib, kafka_broker.cluster_id(plan.state_dir),
+                         **secure.broker_setup(security))
     brokers = []
     for node_plan in node_plans:
         argv = kafka_broker.broker_command(node_plan, lib)
@@ -188,7 +195,7 @@ def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState
             address=node_plan.address, log=str(node_plan.log_path), argv=argv,
             ports=[node_plan.node.kafka_port, node_plan.node.controller_port]))
     state = StackState(brokers=brokers, s3=_start_s3(plan.host, plan.s3_port, plan.state_dir),
-                       bucket=plan.bucket, started_at=time.time())
+                       bucket=plan.bucket, started_at=time.time(), security=security)
     write_state(plan.state_dir, state)
     try:
         _wait_until_ready(state, plan.timeout_s, on_progress)
@@ -211,6 +218,10 @@ def _repair(plan: StackPlan, state: StackState) -> tuple[StackState, list[str]]:
         raise StackError(
             f"a {len(state.brokers)}-broker stack is set up in {plan.state_dir}; "
             f"stop it (`tokenmill dev down --state-dir {plan.state_dir}`) to change --brokers")
+    if (state.security is not None) != plan.secure:
+        raise StackError(
+            f"a {'secured' if state.security else 'plain'} stack is set up in {plan.state_dir}; "
+            f"stop it (`tokenmill dev down --state-dir {plan.state_dir}`) to change --secure")
     restarted = []
     brokers = []
     for broker in state.brokers:
@@ -237,7 +248,7 @@ def _repair(plan: StackPlan, state: StackState) -> tuple[StackState, list[str]]:
             raise
         raise StackError(f"{exc}; it was left running (a new one would have none of its "
                          f"objects): `tokenmill dev down` stops the stack") from None
-    wait_for_brokers(brokers, plan.timeout_s)
+    wait_for_brokers(brokers, plan.timeout_s, client_config=secure.admin_config(state.security))
     _ensure_bucket(state)
     return state, restarted
 
@@ -256,7 +267,9 @@ def _wait_until_ready(state: StackState, timeout_s: float, on_progress: Progress
     if on_progress:
         on_progress(f"waiting for {len(state.brokers)} Kafka broker(s) and the S3 server")
     _wait_for_s3(state.s3, timeout_s)
-    wait_for_brokers(state.brokers, timeout_s)
+    wait_for_brokers(state.brokers, timeout_s, client_config=secure.admin_config(state.security))
+    if state.security is not None:
+        secure.grant_admin(state.security, state.bootstrap)
     _ensure_bucket(state)
 
 
@@ -267,13 +280,15 @@ def _tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
-def registered_brokers(bootstrap: str, timeout_s: float = 2.0) -> set[int]:
+def registered_brokers(bootstrap: str, timeout_s: float = 2.0,
+                       client_config: dict[str, Any] | None = None) -> set[int]:
     """Node ids of the brokers the cluster reports as up (empty: no answer)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _SILENT,
-                              "socket.connection.setup.timeout.ms": int(timeout_s * 1000)}
+                              "socket.connection.setup.timeout.ms": int(timeout_s * 1000),
+                              **(client_config or {})}
     client = AdminClient(config)
     try:
         return set(client.list_topics(timeout=timeout_s).brokers)
@@ -292,7 +307,8 @@ _SILENT = _Silent()
 
 
 def wait_for_brokers(brokers: list[ServiceState], timeout_s: float,
-                     bootstrap: str | None = None) -> None:
+                     bootstrap: str | None = None,
+                     client_config: dict[str, Any] | None = None) -> None:
     """Until each of `brokers` runs, listens, and the cluster (reached through
     `bootstrap`, default: these brokers) reports it up."""
     deadline = time.monotonic() + timeout_s
@@ -304,7 +320,7 @@ def wait_for_brokers(brokers: list[ServiceState], timeout_s: float,
                 raise StackError(f"Kafka broker {broker.name} exited during start-up; "
                                  f"last log lines:\n{_tail(broker.log)}")
         listening = all(processes.port_open(*_host_port(b.address)) for b in brokers)
-        if listening and wanted <= registered_brokers(bootstrap):
+        if listening and wanted <= registered_brokers(bootstrap, client_config=client_config):
             return
         time.sleep(0.5)
     raise StackError(f"Kafka did not answer at {bootstrap} within {timeout_s:.0f}s; "

@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from ops.acls import acls_command
 from tokenmill import deploy_files
 from tokenmill.commandline import service_command
 from tokenmill.deploy_files import RenderedFile
@@ -192,7 +193,11 @@ def _write(out: Path, files: list[RenderedFile]) -> None:
 
 @click.group()
 def deploy() -> None:
-    """Write deployment files (systemd units, Docker Compose, monitoring) for your set-up."""
+    """Write deployment files (systemd units, Docker Compose, monitoring) for your set-up,
+    and the Kafka ACLs of each role."""
+
+
+deploy.add_command(acls_command)
 
 
 @deploy.command()

@@ -22,6 +22,7 @@ from sink.metrics import SinkMetrics
 from sink.ownership import Ownership
 from sink.probes import Probes
 from sink.samples import CompletionView
+from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.log import get_logger
 
@@ -53,7 +54,7 @@ class Intake:
             if error.code() == KafkaError._PARTITION_EOF:
                 self._ownership.reached_end(partition)
                 return
-            if error.fatal() or error.code() == KafkaError._FATAL:
+            if error.fatal() or error.code() == KafkaError._FATAL or clients.refused_by_acl(error):
                 raise KafkaFatal(f"sink {self._instance}: {error.str()}")
             log.warning("consumer error", error=str(error))
             return

@@ -91,8 +91,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     from devstack import stack
 
-    if stack.read_state(made / "stack") is not None:
-        stack.down(made / "stack")
+    for name in ("stack", "secure-stack"):  # secure-stack: tests/secure/conftest.py
+        if stack.read_state(made / name) is not None:
+            stack.down(made / name)
     shutil.rmtree(made, ignore_errors=True)
     os.environ.pop(SHARED_STACK_DIR, None)
 

@@ -19,18 +19,21 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
 
 
 def read_all(bootstrap: str, topic: str, *, committed_only: bool = True,
-             timeout_s: float = 30.0) -> list[Any]:
+             timeout_s: float = 30.0, security: dict[str, Any] | None = None) -> list[Any]:
     """Every record of `topic` up to its current end, read with
-    `read_committed` (or `read_uncommitted`) from the beginning."""
+    `read_committed` (or `read_uncommitted`) from the beginning.
+    `security`: kafka-python's security settings (SASL, TLS), if any."""
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level="read_committed" if committed_only else "read_uncommitted",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         consumer_timeout_ms=1000,
+        **(security or {}),
     )
     try:
-        partitions = [TopicPartition(topic, p) for p in sorted(_partitions(consumer, topic))]
+        partitions = [TopicPartition(topic, p)
+                      for p in sorted(_partitions(consumer, topic, security))]
         consumer.assign(partitions)
         consumer.seek_to_beginning(*partitions)
         ends = consumer.end_offsets(partitions)  # last stable offset under read_committed
@@ -48,10 +51,12 @@ def read_all(bootstrap: str, topic: str, *, committed_only: bool = True,
         consumer.close()
 
 
-def _partitions(consumer: KafkaConsumer, topic: str) -> set[int]:
+def _partitions(consumer: KafkaConsumer, topic: str,
+                security: dict[str, Any] | None = None) -> set[int]:
     """Every partition of the topic, from the broker's topic description
     (client metadata can arrive partial for a topic just created)."""
-    admin = KafkaAdminClient(bootstrap_servers=consumer.config["bootstrap_servers"])
+    admin = KafkaAdminClient(bootstrap_servers=consumer.config["bootstrap_servers"],
+                             **(security or {}))
     try:
         for _ in range(50):
             described = admin.describe_topics([topic])

@@ -29,12 +29,12 @@ def register_known_error(*types: type[BaseException]) -> None:
 
 def _known_errors() -> tuple[type[BaseException], ...]:
     # Imported lazily so the CLI does not pay for every service at start-up.
-    from tokenmill.kafka.clients import BrokerUnreachable
+    from tokenmill.kafka.clients import BrokerRefused, BrokerUnreachable
     from tokenmill.registry import RunConflict, UnknownRun
     from tokenmill.startup import DependencyDown
 
-    return (BrokerUnreachable, DependencyDown, RunConflict, UnknownRun, FileNotFoundError,
-            *_known)
+    return (BrokerRefused, BrokerUnreachable, DependencyDown, RunConflict, UnknownRun,
+            FileNotFoundError, *_known)
 
 
 def finish_now(code: int = 0) -> NoReturn:
@@ -75,6 +75,24 @@ def run_service(run: Callable[[], int], *,
         exit_now(f"kafka: {exc.args[0] if exc.args else exc}")
 
 
+_AUTHORIZATION_ERRORS = {"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
+                         "CLUSTER_AUTHORIZATION_FAILED", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}
+
+
+def refused_access(settings: Settings, exc: BaseException) -> str | None:
+    """One line for a Kafka call the broker's ACLs refused (None: another
+    failure). The principal lacks an ACL: waiting or retrying cannot help."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if not isinstance(error, KafkaError) or error.name() not in _AUTHORIZATION_ERRORS:
+        return None
+    who = f"{settings.sasl_username!r}" if settings.sasl_username else "this client"
+    return (f"Kafka at {settings.bootstrap_servers} refused {who}: {error.str()} "
+            f"({error.name()}); each role needs the ACLs `tokenmill deploy acls --run RUN` "
+            "prints (to a principal without DESCRIBE, a topic looks missing)")
+
+
 def service_command(func: F) -> F:
     """Adds the shared options; the wrapped function receives `settings`."""
 
@@ -88,6 +106,11 @@ def service_command(func: F) -> F:
             raise
         except _known_errors() as exc:
             raise click.ClickException(str(exc)) from None
+        except Exception as exc:
+            refused = refused_access(settings, exc)
+            if refused is None:
+                raise
+            raise click.ClickException(refused) from None
 
     return settings_options(wrapper)  # type: ignore[return-value]
 

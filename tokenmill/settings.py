@@ -72,6 +72,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ssl_ca_location: str | None = None
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
+    kafka_properties: str | None = None  # a file of librdkafka sasl.*/ssl.* properties
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
     s3_bucket: str | None = None
@@ -129,6 +130,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("ssl_ca_location", "CA certificate file for TLS."),
     Option("ssl_certificate_location", "Client certificate file for mutual TLS."),
     Option("ssl_key_location", "Client key file for mutual TLS."),
+    Option("kafka_properties", "File of librdkafka sasl.* and ssl.* properties for every Kafka "
+                               "client (OAUTHBEARER/OIDC, a client key's password, ...)."),
     Option("s3_endpoint_url", "S3 endpoint URL, http(s)://host[:port] (unset: AWS S3)."),
     Option("s3_region", "S3 region."),
     Option("s3_bucket", "S3 bucket for completions."),
@@ -205,11 +208,61 @@ def file_problem(path: str) -> str | None:
     return None if Path(path).expanduser().is_file() else "no such file"
 
 
+# What --kafka-properties may set: librdkafka's security properties, less the
+# ones a setting of its own owns (one place for each value).
+PROPERTY_PREFIXES = ("sasl.", "ssl.")
+OWNED_PROPERTIES = {
+    "sasl.mechanism": "--sasl-mechanism", "sasl.mechanisms": "--sasl-mechanism",
+    "sasl.username": "--sasl-username", "sasl.password": "--sasl-password",
+    "ssl.ca.location": "--ssl-ca-location",
+    "ssl.certificate.location": "--ssl-certificate-location",
+    "ssl.key.location": "--ssl-key-location",
+}
+
+
+class PropertiesError(ValueError):
+    """A line of a properties file that tokenmill will not pass on."""
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """`key=value` lines (blank lines and `#` or `!` comments skipped) of
+    librdkafka sasl.* and ssl.* properties. The values may be secrets: they
+    appear in no message."""
+    found: dict[str, str] = {}
+    text = Path(path).expanduser().read_text()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise PropertiesError(f"line {number} is not key=value")
+        if key in OWNED_PROPERTIES:
+            raise PropertiesError(f"line {number}: {key} has a setting of its own, "
+                                  f"{OWNED_PROPERTIES[key]}")
+        if not key.startswith(PROPERTY_PREFIXES):
+            raise PropertiesError(f"line {number}: {key} is not a sasl.* or ssl.* property")
+        found[key] = value.strip()
+    return found
+
+
+def properties_problem(path: str) -> str | None:
+    try:
+        read_properties(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read it ({exc})"
+    except PropertiesError as exc:
+        return str(exc)
+    return None
+
+
 VALUE_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "bootstrap_servers": bootstrap_problem,
     "ssl_ca_location": file_problem,
     "ssl_certificate_location": file_problem,
     "ssl_key_location": file_problem,
+    "kafka_properties": lambda path: file_problem(path) or properties_problem(path),
     "s3_endpoint_url": http_url_problem,
     "s3_region": region_problem,
     "s3_bucket": bucket_problem,
@@ -311,6 +364,11 @@ def _check_consistency(settings: Settings) -> None:
                     f"{settings.source(name)} is set but the security protocol is {protocol}: "
                     "it would be ignored; use --security-protocol SSL or SASL_SSL "
                     f"({ENV_PREFIX}SECURITY_PROTOCOL)")
+    if protocol == "PLAINTEXT" and settings.kafka_properties is not None:
+        raise SettingsError(
+            f"{settings.source('kafka_properties')} is set but the security protocol is "
+            f"PLAINTEXT: its sasl.* and ssl.* properties would be ignored; use "
+            f"--security-protocol ({ENV_PREFIX}SECURITY_PROTOCOL)")
     if (settings.ssl_certificate_location is None) != (settings.ssl_key_location is None):
         given = ("ssl_certificate_location" if settings.ssl_key_location is None
                  else "ssl_key_location")

@@ -9,10 +9,12 @@ is the services' start-up wait for a broker that is not up yet.
 from __future__ import annotations
 
 import logging
+import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 # confluent-kafka re-exports its admin types without __all__ (see committed.py).
 from confluent_kafka.admin import (  # type: ignore[attr-defined, unused-ignore]
@@ -22,7 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined, unused-ignore]
 
 from tokenmill.kafka.topics import MAX_MESSAGE_BYTES
 from tokenmill.log import get_logger
-from tokenmill.settings import Settings
+from tokenmill.settings import Settings, read_properties
 from tokenmill.startup import StartupWait, wait_until_up
 
 log = get_logger("tokenmill.kafka")
@@ -35,6 +37,25 @@ class BrokerUnreachable(RuntimeError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+# The broker's ACLs refused a call: a missing ACL, which retrying cannot fix.
+ACL_REFUSALS = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                          KafkaError.GROUP_AUTHORIZATION_FAILED,
+                          KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+                          KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
+
+
+def refused_by_acl(error: KafkaError) -> bool:
+    """Whether a client error says an ACL is missing (a consumer reports a
+    group it may not use as a plain error and would retry it forever)."""
+    return error.code() in ACL_REFUSALS
+
+
+class BrokerRefused(RuntimeError):
+    """The broker answered and refused this client: wrong credentials, or a
+    TLS handshake that failed (an unknown CA, a name the certificate does
+    not cover). Waiting does not fix that, so nothing retries it."""
 
 
 BROKER_HINT = ("is the broker running? (`tokenmill dev up` starts a local one; set "
@@ -74,6 +95,8 @@ def base_config(settings: Settings) -> dict[str, Any]:
     ):
         if value:
             config[key] = value
+    if settings.kafka_properties:
+        config.update(read_properties(settings.kafka_properties))
     return config
 
 
@@ -143,19 +166,63 @@ def admin(settings: Settings) -> AdminClient:
     return AdminClient(base_config(settings))
 
 
+# librdkafka's errors that say the broker refused us, not that it is away.
+_REFUSALS = {KafkaError._AUTHENTICATION: "authentication", KafkaError._SSL: "tls"}
+_CHECK_SLICE_S = 0.25  # how often a check looks at the refusals seen so far
+# librdkafka prefixes the broker ("sasl_ssl://host:9092/bootstrap: ") and
+# appends its state ("(after 312ms in state AUTH_REQ, 4 identical error(s)
+# suppressed)"): neither helps the reader of one line.
+_BROKER_PREFIX = re.compile(r"^\S+://\S+?/\S+?: ")
+_STATE_SUFFIX = re.compile(r"\s*\(after \d+ms in state .*\)\s*$")
+
+
+def _refusal(settings: Settings, error: KafkaError) -> BrokerRefused:
+    detail = _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", error.str()))
+    where = settings.bootstrap_servers
+    if _REFUSALS[error.code()] == "authentication":
+        who = f"of {settings.sasl_username!r} " if settings.sasl_username else ""
+        check = (f"the sasl.oauthbearer.* properties ({settings.source('kafka_properties')})"
+                 if settings.sasl_mechanism == "OAUTHBEARER" else
+                 f"{settings.source('sasl_username')} and the password (TOKENMILL_SASL_PASSWORD)")
+        return BrokerRefused(
+            f"Kafka at {where} refused the credentials {who}({settings.sasl_mechanism}): "
+            f"{detail}; check {check}")
+    return BrokerRefused(
+        f"the TLS handshake with Kafka at {where} failed: {detail}; check "
+        f"{settings.source('ssl_ca_location')} (the CA that signed the broker's certificate) "
+        "and that the certificate names the host in --bootstrap-servers")
+
+
 def check_broker(settings: Settings, timeout_s: float | None = None) -> str:
-    """Return the cluster id, or raise BrokerUnreachable naming the address."""
+    """Return the cluster id; raise BrokerRefused as soon as the broker
+    refuses our credentials or TLS, or BrokerUnreachable naming the address
+    when nothing answers within the timeout."""
     timeout = settings.connect_timeout_s if timeout_s is None else timeout_s
-    client = admin(settings)
-    try:
-        metadata = client.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        reason = (f"no answer within {timeout:g}s "
-                  f"({exc.args[0].str() if exc.args else exc})")
-        raise BrokerUnreachable(
-            f"cannot reach Kafka at {settings.bootstrap_servers}: {reason}; {BROKER_HINT}",
-            reason) from None
-    return str(metadata.cluster_id)
+    refused: list[KafkaError] = []
+
+    def on_error(error: KafkaError) -> None:
+        if error.code() in _REFUSALS:
+            refused.append(error)
+
+    config: dict[str, Any] = {**base_config(settings), "error_cb": on_error}
+    client = AdminClient(config)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            metadata = client.list_topics(timeout=max(0.01, min(_CHECK_SLICE_S, left)))
+            return str(metadata.cluster_id)
+        except KafkaException as exc:
+            client.poll(0)  # serves error_cb
+            if refused:
+                raise _refusal(settings, refused[0]) from None
+            if time.monotonic() < deadline:
+                continue
+            reason = (f"no answer within {timeout:g}s "
+                      f"({exc.args[0].str() if exc.args else exc})")
+            raise BrokerUnreachable(
+                f"cannot reach Kafka at {settings.bootstrap_servers}: {reason}; {BROKER_HINT}",
+                reason) from None
 
 
 def wait_for_broker(settings: Settings) -> str:

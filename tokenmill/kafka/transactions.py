@@ -96,8 +96,11 @@ def classify(error: KafkaError) -> Verdict:
     transaction timeout, and librdkafka answering such a request late (after
     the abort) was seen to abort the process (`rd_kafka_enq_once_del_source_
     return: Assertion eonce->refcnt > 0`, librdkafka 2.16). A fresh process
-    recovers from committed state instead."""
-    if error.fatal() or error.code() in _FENCED or error.code() == KafkaError._TIMED_OUT:
+    recovers from committed state instead. A step the broker's ACLs refuse
+    is fatal too: an aborted and retried transaction would be refused again,
+    forever."""
+    if (error.fatal() or error.code() in _FENCED or error.code() == KafkaError._TIMED_OUT
+            or clients.refused_by_acl(error)):
         return "fatal"
     if error.txn_requires_abort():
         return "abort"
@@ -108,6 +111,10 @@ def classify(error: KafkaError) -> Verdict:
 
 def fenced_message(error: KafkaError, transactional_id: str) -> str:
     """One line that says what happened and what to look at."""
+    if clients.refused_by_acl(error):
+        return (f"Kafka refused transactional producer {transactional_id}: {error.str()} "
+                f"({error.name()}); its principal lacks an ACL (`tokenmill deploy acls --run "
+                "RUN` prints each role's)")
     if error.code() == KafkaError._TIMED_OUT:
         return (f"Kafka did not answer a transaction step of {transactional_id} in time "
                 f"(broker down or restarting?); restarting from committed state "
