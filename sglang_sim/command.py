@@ -42,7 +42,7 @@ HELP: dict[str, str] = {
     "malformed_tool_call_rate": "Share of tool calls whose arguments are not JSON.",
     "unknown_tool_call_rate": "Share of tool calls naming a function nobody offered.",
     "invalid_tool_arguments_rate": "Share of tool calls leaving out a required argument.",
-    "request_log": "Append each chat request's rid and messages to this JSONL file.",
+    "request_log": "Append each chat request's rid, messages and arrival time to this JSONL file.",
     "enable_cache_report": "Report usage.prompt_tokens_details.cached_tokens.",
     "empty_content": "Empty content as '' (empty) or null (null).",
     "max_running_requests": "Requests decoded at once; more wait in a FIFO queue.",

@@ -91,7 +91,7 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
     trivial_rate: float = 0.0
 
     # --- observation -----------------------------------------------------------
-    request_log: str | None = None  # append {"rid", "messages"} of each chat request (JSONL)
+    request_log: str | None = None  # append {"rid", "messages", "at"} of each chat request (JSONL)
 
     @property
     def model_name(self) -> str:

@@ -84,7 +84,8 @@ class SimulatorState:
                             if config.request_log else None)
 
     def log_request(self, body: bytes) -> None:
-        """One JSONL line per chat request: what it asked, for tests to check."""
+        """One JSONL line per chat request: what it asked and when it came
+        (`at`, Unix seconds), for tests to check."""
         if self.request_log is None:
             return
         try:
@@ -92,7 +93,8 @@ class SimulatorState:
         except ValueError:
             return
         if isinstance(request, dict):
-            line = {"rid": request.get("rid"), "messages": request.get("messages")}
+            line = {"rid": request.get("rid"), "messages": request.get("messages"),
+                    "at": time.time()}
             self.request_log.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     def warming(self) -> bool:

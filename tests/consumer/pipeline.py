@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,27 +61,59 @@ def create_run(settings: Settings, run_id: str, partitions: int, *, max_tokens: 
     return spec
 
 
-def publish(settings: Settings, spec: RunSpec, prompts: list[PromptRecord]) -> None:
-    """Round-robin over partitions, in transactions, ending with a done checkpoint."""
-    producer = Producer({"bootstrap.servers": settings.bootstrap_servers,
-                         "transactional.id": f"test.{spec.run_id}.publisher"})
-    producer.init_transactions(30)
-    per_partition = [0] * spec.partitions
-    chunk = 500
-    for start in range(0, len(prompts), chunk):
-        producer.begin_transaction()
-        for prompt in prompts[start:start + chunk]:
-            partition = prompt.seq % spec.partitions
-            per_partition[partition] += 1
-            producer.produce(topics.prompts_topic(spec.run_id), key=prompt.id.encode(),
-                             value=msgspec.json.encode(prompt), partition=partition)
-        end = min(start + chunk, len(prompts))
-        checkpoint = ProducerCheckpoint(run=spec.run_id, next_seq=end, total=len(prompts),
-                                        done=end == len(prompts),
-                                        per_partition=tuple(per_partition))
-        producer.produce(topics.progress_topic(spec.run_id), key=producer_key(spec.run_id).encode(),
-                         value=msgspec.json.encode(checkpoint))
-        producer.commit_transaction(30)
+class Publisher:
+    """Publishes a run's prompts the way the producer does, as far as the
+    test says when it says (a run is held unfinished until its last prompts
+    are out): round-robin over partitions, in transactions, each with its
+    checkpoint, the last one done."""
+
+    def __init__(self, settings: Settings, spec: RunSpec, prompts: list[PromptRecord]) -> None:
+        self.spec, self.prompts = spec, prompts
+        self.producer = Producer({"bootstrap.servers": settings.bootstrap_servers,
+                                  "transactional.id": f"test.{spec.run_id}.publisher"})
+        self.producer.init_transactions(30)
+        self.per_partition = [0] * spec.partitions
+        self.out = 0  # prompts published so far
+
+    def to(self, end: int, *, chunk: int = 500, pace_s: float = 0.0) -> None:
+        """Publishes the prompts up to `end` (the rest of them: the run's
+        publishing is done), in transactions of `chunk` prompts, one every
+        `pace_s` seconds (a producer streaming its input)."""
+        spec = self.spec
+        for start in range(self.out, end, chunk):
+            if start > self.out and pace_s:
+                time.sleep(pace_s)  # the pace of the producer's input
+            self.producer.begin_transaction()
+            for prompt in self.prompts[start:min(start + chunk, end)]:
+                partition = prompt.seq % spec.partitions
+                self.per_partition[partition] += 1
+                self.producer.produce(topics.prompts_topic(spec.run_id),
+                                      key=prompt.id.encode(),
+                                      value=msgspec.json.encode(prompt), partition=partition)
+            published = min(start + chunk, end)
+            checkpoint = ProducerCheckpoint(run=spec.run_id, next_seq=published,
+                                            total=len(self.prompts),
+                                            done=published == len(self.prompts),
+                                            per_partition=tuple(self.per_partition))
+            self.producer.produce(topics.progress_topic(spec.run_id),
+                                  key=producer_key(spec.run_id).encode(),
+                                  value=msgspec.json.encode(checkpoint))
+            self.producer.commit_transaction(30)
+        self.out = max(self.out, end)
+
+    def ahead(self, of: int, by: int) -> None:
+        """Publishes up to `by` prompts past `of` (e.g. the requests served),
+        short of the last one: work stays ahead, and the run unfinished."""
+        self.to(max(self.out, min(of + by, len(self.prompts) - 1)))
+
+    def rest(self) -> None:
+        self.to(len(self.prompts))
+
+
+def publish(settings: Settings, spec: RunSpec, prompts: list[PromptRecord], *,
+            chunk: int = 500, pace_s: float = 0.0) -> None:
+    """All of a run's prompts (Publisher), ending with a done checkpoint."""
+    Publisher(settings, spec, prompts).to(len(prompts), chunk=chunk, pace_s=pace_s)
 
 
 def committed_records(settings: Settings, run_id: str) -> list[Any]:
@@ -176,12 +209,17 @@ def check_exactly_once(settings: Settings, run_id: str, prompts: list[PromptReco
     return records
 
 
+def event_time(event: dict[str, Any]) -> float:
+    """A JSON log event's timestamp, as time.time() seconds."""
+    return datetime.fromisoformat(str(event["timestamp"])).timestamp()
+
+
 def wait_until(predicate: Any, timeout_s: float, message: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.2)
+        time.sleep(0.2)  # poll of a wait loop
     raise AssertionError(f"{message} not reached within {timeout_s}s")
 
 

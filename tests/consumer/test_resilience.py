@@ -3,7 +3,6 @@ and the simulator, with real `tokenmill consume` processes."""
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 
@@ -19,6 +18,7 @@ from sglang_sim import SimulatorConfig, SimulatorProcess, running_simulator
 from tests.consumer.pipeline import (
     PACED,
     ConsumerProcess,
+    Publisher,
     check_exactly_once,
     consumer_progress,
     create_run,
@@ -27,6 +27,7 @@ from tests.consumer.pipeline import (
     sim_metrics,
     wait_until,
 )
+from tests.consumer.waste import Move, logged_moves, owned, waste
 from tests.kafka_helpers import read_all
 from tokenmill.kafka import clients, topics
 
@@ -62,25 +63,27 @@ def _aborted_by(settings, run_id: str, instance: str) -> int:
                and decode_completion(r.value).instance == instance)
 
 
-# Half PACED's speed: the run outlasts enough kills for one to land inside the
-# victim's open transaction, also on a loaded machine.
-SLOWER = msgspec.structs.replace(PACED, decode_rate=100.0)
-
-
 def test_kill_9_and_restart_repeatedly(settings, run_id, tmp_path) -> None:
     """kill -9 while the victim's transaction is open (asked of the
     transaction coordinator with kafka-python), restart, repeat; at least one
     kill must have landed inside it: its records are in the log, and no
-    read_committed reader ever sees them."""
+    read_committed reader ever sees them. The run is held unfinished: its
+    prompts are published a few hundred ahead of the requests served, the
+    last ones after the last kill. What the kills and the partitions' moves
+    threw away is what the windows of the moves held (tests/consumer/waste.py):
+    the victim's partitions at each kill, and each revoke or loss logged."""
     spec = create_run(settings, run_id, partitions=4)
-    prompts = make_prompts(run_id, 3000)
-    publish(settings, spec, prompts)
+    prompts = make_prompts(run_id, 1500)
+    publisher = Publisher(settings, spec, prompts)
     concurrency = 24
     admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     offsets = clients.admin(settings)
     topic = topics.completions_topic(run_id)
     victim_txn = topics.transactional_id(run_id, "consumer", "victim")
-    with running_simulator(SLOWER) as url:
+    request_log = tmp_path / "requests.jsonl"
+    kill_moves: list[Move] = []
+    started_at = time.time()
+    with running_simulator(msgspec.structs.replace(PACED, request_log=str(request_log))) as url:
         steady = ConsumerProcess(settings, run_id, url, "steady", tmp_path, "--until-done",
                                  "--concurrency", str(concurrency)).start()
         victim = ConsumerProcess(settings, run_id, url, "victim", tmp_path, "--until-done",
@@ -89,57 +92,56 @@ def test_kill_9_and_restart_repeatedly(settings, run_id, tmp_path) -> None:
         try:
             life = 0
             while kills < 15 and victim.running():
-                wait_until(lambda: not victim.running() or any(
-                    e["partitions"] for e in victim.events("partitions assigned", since=life)),
-                    60, "the victim owns partitions")
+                publisher.ahead(int(sim_metrics(url).get("sglang:num_requests_total", 0)), 300)
+                wait_until(lambda: not victim.running() or owned(victim, life), 60,
+                           "the victim owns partitions")
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline and not _records_in_open_transaction(
                         admin, victim_txn, offsets, topic):
                     pass
                 if not victim.running():
                     break
+                held = owned(victim, life)
+                killed_at = time.time()
                 victim.kill()
                 kills += 1
+                kill_moves += [("victim", p, killed_at) for p in held]
                 life = victim.mark()
                 victim.start()
                 if kills >= 2 and _aborted_by(settings, run_id, "victim"):
                     break
+            publisher.rest()
             assert steady.wait(240) == 0, steady.log()[-3000:]
             assert victim.wait(120) == 0, victim.log()[-3000:]
         finally:
             steady.stop()
             victim.stop()
-        served = sim_metrics(url)["sglang:num_requests_total"]
     assert kills >= 2
     hits = _aborted_by(settings, run_id, "victim")
     assert hits > 0, f"none of {kills} kills landed inside an open transaction of the victim"
     records = check_exactly_once(settings, run_id, prompts)
     assert all(isinstance(r, Completion) for r in records)
-    wasted = served - len(records)
-    # Lost work per crash is bounded by the in-flight window of the partitions
-    # that moved: the victim's requests in flight, its results finished since
-    # its last commit (a commit interval of 0.5 s plus the commit itself: at
-    # most 2 s at its ~74 req/s, 24 in flight at ~0.33 s each), and the
-    # requests the steady worker had in flight on partitions the restarted
-    # victim took.
-    per_request_s = 60 * math.exp(0.4 ** 2 / 2) / 100  # SLOWER: mean tokens / decode rate
-    # 2 s of results: the 0.5 s commit interval plus the commit itself, which
-    # on a loaded 2-core machine was seen to take over a second (waste 172-181
-    # against a 1 s allowance of 170 for two kills).
-    window = 2 * concurrency + round(2.0 * concurrency / per_request_s)
-    print(f"kills={kills} served={served:.0f} committed={len(records)} wasted={wasted:.0f} "
-          f"aborted records={hits}")
-    assert 0 <= wasted <= kills * window
+    moves = kill_moves + logged_moves({"steady": steady, "victim": victim}, started_at)
+    found = waste(settings, run_id, prompts, spec.partitions, request_log, moves)
+    print(f"kills={kills} wasted={found.wasted} aborted records={hits} windows at the kills "
+          f"{[len(w) for w in found.windows[:len(kill_moves)]]}, at the other moves "
+          f"{[len(w) for w in found.windows[len(kill_moves):]]}")
+    # what each kill threw away lay in its window: the requests in flight and
+    # the results waiting for the next commit on the partitions the victim held
+    found.check()
 
 
 def test_third_consumer_joins_mid_run_without_stopping_the_others(settings, run_id,
                                                                    tmp_path) -> None:
     spec = create_run(settings, run_id, partitions=6)
-    prompts = make_prompts(run_id, 1500)
-    publish(settings, spec, prompts)
-    # SLOWER: on a loaded machine the late worker must still find most of the
-    # run left (near the end the fleet rightly keeps a newcomer as a standby).
-    with running_simulator(SLOWER) as url:
+    prompts = make_prompts(run_id, 2000)
+    # Held: the late worker must find most of the run left (near the end the
+    # fleet rightly keeps a newcomer as a standby), however long it takes to
+    # start and to be given partitions on a loaded machine: until it has
+    # some, the prompts published stay 600 ahead of the requests served.
+    publisher = Publisher(settings, spec, prompts)
+    publisher.to(600)
+    with running_simulator(PACED) as url:
         first = [ConsumerProcess(settings, run_id, url, f"orig{i}", tmp_path, "--until-done",
                                  "--concurrency", "12").start() for i in range(2)]
         try:
@@ -148,9 +150,14 @@ def test_third_consumer_joins_mid_run_without_stopping_the_others(settings, run_
             joined_at = time.time()
             late = ConsumerProcess(settings, run_id, url, "late", tmp_path, "--until-done",
                                    "--concurrency", "12").start()
-            wait_until(lambda: any(e["partitions"] for e in late.events("partitions assigned")),
-                       60, "partitions for the late consumer")
+
+            def late_assigned() -> bool:
+                served = sim_metrics(url).get("sglang:num_requests_total", 0)
+                publisher.ahead(int(served), 600)
+                return any(e["partitions"] for e in late.events("partitions assigned"))
+            wait_until(late_assigned, 60, "partitions for the late consumer")
             received_in = time.time() - joined_at
+            publisher.rest()
             for worker in [*first, late]:
                 assert worker.wait(240) == 0, worker.log()[-3000:]
         finally:
@@ -263,7 +270,7 @@ def test_server_down_pauses_without_failures(settings, run_id, tmp_path) -> None
     try:
         wait_until(lambda: consumer_progress(settings, run_id).generated > 50, 60, "progress")
         sim.kill()
-        time.sleep(6)
+        time.sleep(6)  # a paced outage: the server is down this long
         assert worker.running()
         sim.start()
         assert worker.wait(240) == 0, worker.log()[-3000:]
@@ -288,7 +295,7 @@ def test_in_flight_never_exceeds_the_cap(settings, run_id, tmp_path) -> None:
             while not stop.is_set():
                 m = sim_metrics(url)
                 peak = max(peak, m["sglang:num_running_reqs"] + m["sglang:num_queue_reqs"])
-                time.sleep(0.02)
+                time.sleep(0.02)  # poll of a sampling loop
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()

@@ -254,3 +254,71 @@ def test_an_abort_that_outlasts_its_timeout_is_resumed_not_fatal(private_stack) 
                           "committing", "committed"]
     assert [r.value for r in read_all(stack.bootstrap, out)] == [b"kept"]
     assert b"lost" in [r.value for r in read_all(stack.bootstrap, out, committed_only=False)]
+
+
+class FreezeBrokerUntilThawed(TransactionHooks):
+    """Freezes the broker (SIGSTOP) at one step and fails that step; the test
+    thaws it (SIGCONT) only after the transactions gave their verdict."""
+
+    def __init__(self, step: str, broker_pid: int) -> None:
+        self.at, self.broker_pid = step, broker_pid
+        self.seen: list[str] = []
+
+    def step(self, name, transaction, producer):  # type: ignore[no-untyped-def]
+        self.seen.append(name)
+        if name == self.at:
+            producer.flush(10)
+            os.kill(self.broker_pid, signal.SIGSTOP)
+            raise Boom(f"injected at {name}")
+
+
+class CountingAborts:
+    """The producer, with its `abort_transaction` calls counted (every other
+    attribute is the producer's own)."""
+
+    def __init__(self, producer) -> None:  # type: ignore[no-untyped-def]
+        self._producer = producer
+        self.aborts = 0
+
+    def abort_transaction(self, *args):  # type: ignore[no-untyped-def]
+        self.aborts += 1
+        return self._producer.abort_transaction(*args)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._producer, name)
+
+
+def test_an_abort_that_times_out_three_times_ends_as_kafka_fatal(private_stack) -> None:
+    """The broker stops answering at a step and never comes back while the
+    abort runs: the abort is called ABORT_ATTEMPTS times, each waiting its
+    timeout, and then the transactions end as KafkaFatal with one line
+    saying the abort could not finish (the process exits on it and restarts
+    from committed state)."""
+    stack = private_stack()
+    settings = stack.settings()
+    out = f"out.{uuid.uuid4().hex[:8]}"
+    create_topic(stack.bootstrap, out, 1)
+    broker_pid = stack.broker(1).pid
+    hooks = FreezeBrokerUntilThawed("produced", broker_pid)
+    txn_id = f"test.{uuid.uuid4().hex[:8]}"
+    raw = clients.transactional_producer(settings, txn_id)
+    raw.init_transactions(30)
+    producer = CountingAborts(raw)
+    txns = Transactions(producer, transactional_id=txn_id, timeout_s=2,  # type: ignore[arg-type]
+                        hooks=hooks)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaFatal) as fatal:
+            with txns.transaction() as txn:
+                txn.produce(out, b"lost")
+        gave_up_after = time.monotonic() - started
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+    message = str(fatal.value)
+    assert "\n" not in message
+    assert message.startswith(f"could not abort a transaction of {txn_id}"), message
+    assert producer.aborts == ABORT_ATTEMPTS
+    # every attempt waited out its timeout: it was the broker, not a refusal
+    assert gave_up_after >= ABORT_ATTEMPTS * txns.timeout_s - 0.5, gave_up_after
+    assert hooks.seen == ["begin", "produced"]  # never "aborted": the abort did not finish
+    assert read_all(stack.bootstrap, out) == []

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from ops import deploy
+from tests.tools import require_on_path
 from tokenmill import deploy_files
 from tokenmill.settings import Settings
 
@@ -91,8 +92,8 @@ def test_systemd_files_for_gpu_hosts_and_a_three_node_kafka(tmp_path: Path) -> N
                .read_text() for i in (1, 2, 3))
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    require_on_path("systemd-analyze")
     out = tmp_path / "out"
     result = tokenmill("deploy", "systemd", "--out", str(out), "--run", "r", "--gpus", "2",
                        "--s3-bucket", "b", "--user", "root", "--kafka-hosts", "k1",

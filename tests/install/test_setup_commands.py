@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.tools import require_on_path
+
 CHECKOUT = Path(__file__).resolve().parents[2]
-MAKE = shutil.which("make")
 
 
 def readme_two_commands() -> list[str]:
@@ -49,14 +49,13 @@ def _outside_make() -> dict[str, str]:
 
 
 def _dry_run(target: str, venv: Path) -> list[str]:
-    assert MAKE is not None
-    result = subprocess.run([MAKE, "-n", target, f"VENV={venv}", "ARGS="], cwd=CHECKOUT,
-                            capture_output=True, text=True, timeout=60, env=_outside_make())
+    result = subprocess.run([require_on_path("make"), "-n", target, f"VENV={venv}", "ARGS="],
+                            cwd=CHECKOUT, capture_output=True, text=True, timeout=60,
+                            env=_outside_make())
     assert result.returncode == 0, result.stderr
     return [line.strip() for line in result.stdout.splitlines() if line.strip()]
 
 
-@pytest.mark.skipif(MAKE is None, reason="make is not installed")
 @pytest.mark.parametrize(("target", "extra", "last"), [
     ("demo", "local", "{venv}/bin/tokenmill demo"),
     # the `alone` tests after the rest, on their own (see the Makefile)
@@ -76,15 +75,14 @@ def test_make_targets_check_then_create_install_and_run(tmp_path: Path, target: 
     assert " ".join(steps[-1].split()) == last.format(venv=venv)
 
 
-@pytest.mark.skipif(MAKE is None, reason="make is not installed")
 def test_make_demo_on_a_machine_without_java_and_maven_stops_with_one_line(tmp_path: Path) -> None:
-    assert MAKE is not None
+    make = require_on_path("make")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)
     venv = tmp_path / "venv"
     result = subprocess.run(
-        [MAKE, "demo", f"VENV={venv}"], cwd=CHECKOUT, capture_output=True, text=True,
+        [make, "demo", f"VENV={venv}"], cwd=CHECKOUT, capture_output=True, text=True,
         timeout=120, env={"PATH": str(bin_dir), "TOKENMILL_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode != 0
     missing = [line for line in result.stderr.splitlines() if line.startswith("missing: ")]

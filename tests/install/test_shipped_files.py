@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devstack import kafka_broker, prerequisites
+from tests.tools import require
 from tokenmill import deploy_files
 from tokenmill.kafka import kraft
 
@@ -201,9 +202,9 @@ def _fake_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> P
     return tmp_path / "calls.txt"
 
 
-@pytest.mark.skipif(prerequisites.java_problem() is not None, reason="needs Java 17+ on PATH")
 def test_jar_fetch_shows_progress_and_happens_once(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    require("Java 17+", prerequisites.java_problem())
     calls = _fake_maven(tmp_path, monkeypatch, (
         "echo 'Downloaded from central: https://r/o/kafka-clients-4.1.1.jar (5.0 MB at 9 MB/s)'\n"
         "echo 'Downloaded from central: https://r/o/kafka_2.13-4.1.1.jar (6.5 MB at 9 MB/s)'\n"
@@ -217,9 +218,9 @@ def test_jar_fetch_shows_progress_and_happens_once(tmp_path: Path,
     assert calls.read_text().count("call") == 1  # cached: Maven is not asked again
 
 
-@pytest.mark.skipif(prerequisites.java_problem() is not None, reason="needs Java 17+ on PATH")
 def test_jar_fetch_failure_is_one_line_naming_the_log(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    require("Java 17+", prerequisites.java_problem())
     _fake_maven(tmp_path, monkeypatch, (
         "echo '[INFO] Scanning for projects...'\n"
         "echo '[ERROR] Failed to execute goal: Could not transfer artifact org.apache.kafka:"

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,21 @@ from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
 from tests.consumer.pipeline import (
     ConsumerProcess,
+    Publisher,
     check_exactly_once,
     create_run,
     make_prompts,
-    publish,
     wait_until,
 )
 from tests.sink.sink_helpers import sink_env, start_sink
+from tokenmill import progress
 from tokenmill.cli import cli
 from tokenmill.settings import Settings
 
-pytestmark = [pytest.mark.broker]
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 HEARTBEAT_S = 3.0
-# Slow answers (~4-10 s each): the run cannot finish while the test looks.
+# Long answers (~4-10 s each): a few fill gpu0's small KV pool.
 SLOW = SimulatorConfig(decode_rate=40.0, length_median=250, length_sigma=0.3, length_max=400,
                        prefill_rate=0, max_running_requests=64)
 
@@ -60,25 +60,28 @@ def states(document: dict[str, Any], key: str) -> dict[str, str]:
     return {row["instance"]: row["state"] for row in document[key]}
 
 
-def seconds_until(settings: Settings, run_id: str, key: str,
-                  shown: Callable[[dict[str, str]], bool], timeout_s: float
-                  ) -> tuple[float, float]:
-    """Looks at the run (`status --json`) until its `key` states are `shown`.
-    Returns when the first look that showed them began (seconds from the
-    call) and how long the longest look took. The verdict was due at most
-    one look (and a 0.2 s pause) before that first look began: a bound in
-    the reader's own measured time, not a guess at a loaded machine's."""
-    started = time.monotonic()
-    longest = 0.0
+def shown_dead_on_time(settings: Settings, run_id: str, key: str, names: list[str]) -> None:
+    """Looks at the run (`status --json`) until each member in `names` (just
+    killed) must be shown dead: two heartbeat intervals after its last
+    heartbeat (the `updated_at` of its last committed record, what `status`
+    judges by). A look that ended before that must not show it dead (too
+    early), and every look that began after it must (too late). A slow look
+    delays nothing here: the verdict is checked against the looks' own
+    times, not against a guess at how long a look takes."""
+    members = getattr(progress.read_run_progress(settings, run_id), key)
+    due = {name: members[name].updated_at + 2 * HEARTBEAT_S for name in names}
     while True:
-        look = time.monotonic()
-        document = report(settings, run_id)
-        longest = max(longest, time.monotonic() - look)
-        if shown(states(document, key)):
-            return look - started, longest
-        assert time.monotonic() - started < timeout_s, (
-            f"{key} not shown as wanted within {timeout_s}s: {states(document, key)}")
-        time.sleep(0.2)
+        began = time.time()
+        shown = states(report(settings, run_id), "instances" if key == "consumers" else key)
+        ended = time.time()
+        for name in names:
+            if ended < due[name]:
+                assert shown[name] != "dead", f"{name} shown dead too early: {shown}"
+            if began >= due[name]:
+                assert shown[name] == "dead", f"{name} not shown dead in time: {shown}"
+        if all(began >= at for at in due.values()):
+            return
+        time.sleep(0.2)  # poll of a wait loop
 
 
 def _worker(settings: Settings, run_id: str, url: str, name: str, tmp_path: Path
@@ -90,7 +93,9 @@ def _worker(settings: Settings, run_id: str, url: str, name: str, tmp_path: Path
 def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run_id,
                                                                    tmp_path) -> None:
     spec = create_run(settings, run_id, partitions=3, max_tokens=512)
-    publish(settings, spec, make_prompts(run_id, 600))
+    # Held: half the run's prompts are published, never the rest, so the run
+    # cannot finish while the test looks, however fast it goes.
+    Publisher(settings, spec, make_prompts(run_id, 1200)).to(600)
     # gpu0's server has a tiny KV pool: its cache is full at a few requests.
     sims = [SimulatorProcess(msgspec.structs.replace(SLOW, max_total_num_tokens=500)),
             SimulatorProcess(SLOW)]
@@ -142,9 +147,7 @@ def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run
         # run (results waiting, no live sink) stalled.
         sink.send_signal(signal.SIGKILL)
         sink.wait(10)
-        seen_after, longest_look = seconds_until(
-            settings, run_id, "sinks", lambda s: s["s0"] == "dead", 2 * HEARTBEAT_S + 30)
-        assert seen_after <= 2 * HEARTBEAT_S + longest_look + 0.5, (seen_after, longest_look)
+        shown_dead_on_time(settings, run_id, "sinks", ["s0"])
         wait_until(lambda: status(settings, run_id, "--check")[0] == 2, 30,
                    "--check critical without a live sink")
         code, output = status(settings, run_id, "--check")
@@ -154,11 +157,10 @@ def test_dead_workers_and_sink_are_marked_dead_and_the_run_stalled(settings, run
         # stop counting, the run stalled with no live worker.
         for worker in workers[:2]:
             worker.kill()
-        seen_after, longest_look = seconds_until(
-            settings, run_id, "instances", lambda s: set(s.values()) == {"dead", "stopped"},
-            2 * HEARTBEAT_S + 30)
-        assert seen_after <= 2 * HEARTBEAT_S + longest_look + 0.5, (seen_after, longest_look)
+        shown_dead_on_time(settings, run_id, "consumers", ["gpu0", "gpu1"])
         document = report(settings, run_id)
+        assert states(document, "instances") == {"gpu0": "dead", "gpu1": "dead",
+                                                  "gpu2": "stopped"}
         assert document["health"]["state"] == "stalled"
         assert document["recent_requests_per_s"] == 0 and document["in_flight"] == 0
         assert all(w["in_flight"] == 0 for w in document["instances"])
@@ -196,19 +198,22 @@ def wait_for_s3_warning(settings: Settings, run_id: str, stall_s: float, sink_lo
                              f"{sink_log.read_text()[-3000:]}") from None
 
 
-def s3_freeze_run(private_stack: Any, tmp_path: Path, n: int, decode_rate: float
-                  ) -> tuple[Any, Settings, str, list[Any], SimulatorProcess]:
+def s3_freeze_run(private_stack: Any, tmp_path: Path, n: int, decode_rate: float,
+                  published: int | None = None
+                  ) -> tuple[Any, Settings, str, list[Any], SimulatorProcess, Publisher]:
     """A stack of the test's own (its S3 server is frozen by the test), a run
-    of n published prompts on 2 partitions, and a simulator not started yet."""
+    of n prompts on 2 partitions of which `published` (all by default) are
+    published, their publisher, and a simulator not started yet."""
     stack = private_stack()
     settings = stack.settings(state_dir=tmp_path / "state")
     run_id = f"t{os.urandom(6).hex()}"
     spec = create_run(settings, run_id, partitions=2, max_tokens=256)
     prompts = make_prompts(run_id, n)
-    publish(settings, spec, prompts)
+    publisher = Publisher(settings, spec, prompts)
+    publisher.to(n if published is None else published)
     sim = SimulatorProcess(SimulatorConfig(decode_rate=decode_rate, length_median=40,
                                            length_max=80, prefill_rate=0))
-    return stack, settings, run_id, prompts, sim
+    return stack, settings, run_id, prompts, sim, publisher
 
 
 def thaw_and_finish(s3_pid: int, sink: Any, worker: ConsumerProcess, sink_log: Path) -> bool:
@@ -231,8 +236,10 @@ def stop_all(frozen_pid: int | None, worker: ConsumerProcess | None, sink: Any,
 
 
 def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> None:
-    # ~0.4 s an answer, 4 at a time: ~30 s of generation, so S3 freezes mid-run
-    stack, settings, run_id, prompts, sim = s3_freeze_run(private_stack, tmp_path, 300, 100.0)
+    # The run is held unfinished: a third of its prompts go out first, the rest
+    # once S3 is frozen, so the sink has records to upload while it is.
+    stack, settings, run_id, prompts, sim, publisher = s3_freeze_run(
+        private_stack, tmp_path, 300, 400.0, published=100)
     s3_pid = stack.state.s3.pid
     frozen = False
     worker = None
@@ -251,8 +258,7 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
                    "the sink persisting")
         os.kill(s3_pid, signal.SIGSTOP)
         frozen = True
-        at_freeze = report(settings, run_id)
-        assert at_freeze["persisted"] < len(prompts), "the run ended before S3 froze"
+        publisher.rest()
 
         wait_for_s3_warning(settings, run_id, 3, sink_log, 60)
         document = report(settings, run_id)
@@ -275,7 +281,7 @@ def test_s3_frozen_before_a_partitions_first_record_leaves_the_sink_alive(privat
     earlier owner left. That lookup must not hold the sink's loop: with S3
     frozen from before the first record, the sink keeps its heartbeat and
     `status` shows an S3 call in flight, not a dead sink."""
-    stack, settings, run_id, prompts, sim = s3_freeze_run(private_stack, tmp_path, 60, 400.0)
+    stack, settings, run_id, prompts, sim, _ = s3_freeze_run(private_stack, tmp_path, 60, 400.0)
     s3_pid = stack.state.s3.pid
     frozen = False
     worker = None

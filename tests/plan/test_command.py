@@ -24,6 +24,7 @@ from schemas.plan import Plan, plan_decoder
 from schemas.run import Estimate, RunSpec
 from sglang_sim import SimulatorConfig, running_simulator
 from sglang_sim.runner import SimulatorProcess
+from tests.consumer.pipeline import sim_metrics
 from tokenmill.cli import cli
 from tokenmill.forecast.estimate import run_estimate
 from tokenmill.registry import RunRegistry
@@ -145,7 +146,11 @@ def test_ctrl_c_stops_with_what_was_measured(tmp_path: Path) -> None:
         while '"calibrating"' not in seen and time.monotonic() < deadline:
             seen += proc.stderr.readline()
         assert '"calibrating"' in seen, seen
-        time.sleep(8)  # some answers come back (about 3 s each alone)
+        # some answers come back (about 3 s each alone): the server counts them
+        deadline = time.monotonic() + 60
+        while sim_metrics(url).get("sglang:num_requests_total", 0) < 3:
+            assert time.monotonic() < deadline, "no answers within 60 s"
+            time.sleep(0.2)  # poll of a wait loop
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:

@@ -1,0 +1,182 @@
+"""Wasted generation after a rebalance is bounded by the in-flight window of
+the partitions that moved (README Guarantees, 4), for the three ways
+partitions move from a live worker: a worker joins, a worker hands its
+partitions over (SIGTERM with others in the group), and a zombie (frozen
+past its session, woken after its partitions moved).
+
+What was thrown away is counted from outside tokenmill, by the simulator
+and the completions topic (tests/consumer/waste.py). The workers run one
+slot each (no fleet balancing), so partitions move only where the test
+moves them; prompts are published once the group has formed, so what moved
+before that had nothing in flight.
+
+Each test checks that
+- every prompt has exactly one committed record;
+- every prompt requested again was in the in-flight window of a move of its
+  partition (requested before it, not committed by then), and no more was
+  thrown away than those windows held;
+- that is at most `--concurrency` per partition that moved, and never more
+  than the workers themselves counted as dropped (their `stopped` line's
+  `wasted`, by reason);
+- the scenario's own move had work in flight: the bound bounds something.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from sglang_sim import running_simulator
+from tests.consumer.pipeline import (
+    PACED,
+    ConsumerProcess,
+    check_exactly_once,
+    consumer_progress,
+    create_run,
+    make_prompts,
+    publish,
+    wait_until,
+)
+from tests.consumer.waste import MOVES, Move, logged_moves, owned, waste
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+PARTITIONS = 6
+CONCURRENCY = 8
+PROMPTS = 1200
+# Streamed: 6 prompts (one a partition) every 0.1 s, about what two workers
+# generate: each fetch brings a few records of every partition, so a worker
+# has requests in flight on all its partitions, not on one at a time (a
+# backlog is fetched partition by partition).
+STREAM = {"chunk": PARTITIONS, "pace_s": 0.1}
+
+
+class Fleet:
+    """Workers on one simulator whose request log the test reads."""
+
+    def __init__(self, settings, run_id: str, url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        self.settings, self.run_id, self.url, self.tmp_path = settings, run_id, url, tmp_path
+        self.workers: dict[str, ConsumerProcess] = {}
+
+    def start(self, name: str) -> ConsumerProcess:
+        worker = ConsumerProcess(self.settings, self.run_id, self.url, name, self.tmp_path,
+                                 "--until-done", "--concurrency", str(CONCURRENCY),
+                                 "--no-fleet-balancing").start()
+        self.workers[name] = worker
+        return worker
+
+    def owned(self, name: str) -> set[int]:
+        return owned(self.workers[name])
+
+    def formed(self) -> bool:
+        """The group has settled: every worker owns its equal share, and
+        together all the partitions (the assignor moves nothing more)."""
+        shares = [self.owned(name) for name in self.workers]
+        return (all(len(share) == PARTITIONS // len(shares) for share in shares)
+                and set().union(*shares) == set(range(PARTITIONS)))
+
+    def reported_waste(self) -> int:
+        """What the workers counted as dropped (their last `stopped` lines)."""
+        return sum(n for worker in self.workers.values()
+                   for n in worker.events("stopped")[-1]["wasted"].values())
+
+    def finish(self, timeout_s: float = 240) -> None:
+        for worker in self.workers.values():
+            assert worker.wait(timeout_s) == 0, worker.log()[-3000:]
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            if worker.proc is not None and worker.running():
+                worker.proc.send_signal(signal.SIGCONT)  # a zombie left frozen by a failure
+            worker.stop()
+
+
+def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ignore[no-untyped-def]
+         scenario, *, stream: bool = False) -> tuple[list[Move], list[set[str]]]:
+    """Starts `workers`, publishes once their group has formed (`stream`: a
+    few prompts at a time, about as fast as they are generated), runs
+    `scenario(fleet)` mid-run, waits for the run to end and checks the
+    waste against the in-flight windows of the partitions that moved.
+    Returns the moves and their windows."""
+    spec = create_run(settings, run_id, partitions=PARTITIONS)
+    prompts = make_prompts(run_id, PROMPTS)
+    request_log = tmp_path / "requests.jsonl"
+    with running_simulator(msgspec.structs.replace(PACED, request_log=str(request_log))) as url:
+        fleet = Fleet(settings, run_id, url, tmp_path)
+        try:
+            for name in workers:
+                fleet.start(name)
+            wait_until(fleet.formed, 120, "the workers sharing every partition")
+            published_at = time.time()
+            publisher = threading.Thread(target=publish, args=(settings, spec, prompts),
+                                         kwargs=STREAM if stream else {}, daemon=True)
+            publisher.start()
+            wait_until(lambda: consumer_progress(settings, run_id).generated >= PROMPTS // 4,
+                       120, "a quarter of the run generated")
+            scenario(fleet)
+            publisher.join(120)
+            fleet.finish()
+        finally:
+            fleet.stop()
+    check_exactly_once(settings, run_id, prompts)
+    moves = logged_moves(fleet.workers, published_at)
+    found = waste(settings, run_id, prompts, PARTITIONS, request_log, moves)
+    reported = fleet.reported_waste()
+    print(f"wasted {found.wasted} requests ({len(found.redone)} prompts); moves {moves}; "
+          f"windows {[len(w) for w in found.windows]}; the workers counted {reported}")
+    found.check()
+    assert found.wasted <= CONCURRENCY * len(moves), (found.wasted, moves)
+    assert found.wasted <= reported, (found.wasted, reported)
+    return moves, found.windows
+
+
+def test_waste_after_a_join_is_bounded_by_the_moved_partitions_window(settings, run_id,
+                                                                      tmp_path) -> None:
+    def join(fleet: Fleet) -> None:
+        fleet.start("late")
+        wait_until(lambda: fleet.owned("late"), 60, "partitions for the late worker")
+
+    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1"], join, stream=True)
+    given = [w for (name, _, _), w in zip(moves, windows) if name in ("w0", "w1")]
+    assert given, f"the join moved nothing: {moves}"
+    # the partitions moved with work in flight (mid-run): the bound bounds something
+    assert any(given), (moves, windows)
+
+
+def test_waste_after_a_hand_over_is_bounded_by_the_moved_partitions_window(settings, run_id,
+                                                                           tmp_path) -> None:
+    def hand_over(fleet: Fleet) -> None:
+        leaver = fleet.workers["w2"]
+        wait_until(lambda: leaver.events("fleet: other workers in the group"), 60,
+                   "the leaver seeing the other workers")
+        leaver.terminate()
+        assert leaver.wait(60) == 0, leaver.log()[-3000:]
+        assert [e["hand_over"] for e in leaver.events("stopping")] == [True]
+
+    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1", "w2"], hand_over)
+    assert {name for name, _, _ in moves} == {"w2"}, moves
+    assert any(windows), (moves, windows)
+
+
+def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(settings, run_id,
+                                                                              tmp_path) -> None:
+    def zombie(fleet: Fleet) -> None:
+        frozen = fleet.workers["w1"]
+        assert frozen.proc is not None
+        frozen.proc.send_signal(signal.SIGSTOP)
+        try:
+            # past its session (6 s): the other worker takes its partitions
+            wait_until(lambda: fleet.owned("w0") == set(range(PARTITIONS)), 60,
+                       "w0 owning the frozen worker's partitions")
+        finally:
+            frozen.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: frozen.events(MOVES[1]), 60, "the zombie learning it lost them")
+
+    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1"], zombie)
+    assert "w1" in {name for name, _, _ in moves}, moves
+    assert any(w for (name, _, _), w in zip(moves, windows) if name == "w1"), (moves, windows)

@@ -1,0 +1,84 @@
+"""Wasted generation, counted from outside tokenmill (README Guarantees, 4:
+bounded by the in-flight window of the partitions that moved).
+
+The simulator's request log has one line per request it received, named by
+the prompt's id, with its arrival time; the completions topic has each
+prompt's committed record, with the time it was produced into its
+transaction. A *move* is a partition leaving a worker at a moment: a
+revoke or loss in the worker's log, or the worker killed. Its *window* is
+what the worker had of that partition then: the prompts requested before
+the move and not committed by then (in flight, or finished and waiting for
+a commit). Every request beyond a prompt's first was thrown away; each must
+be a prompt in the window of a move of its partition."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas import PromptRecord
+from tests.consumer.pipeline import ConsumerProcess, event_time
+from tests.kafka_helpers import read_all
+from tokenmill.kafka import topics
+
+MOVES = ("partitions revoked", "partitions lost; their uncommitted work is dropped")
+
+Move = tuple[str, int, float]  # worker, partition, when (time.time())
+
+
+def owned(worker: ConsumerProcess, since: int = 0) -> set[int]:
+    """The partitions `worker` owned after its last assignment change (in its
+    log after `since`, a `mark()`)."""
+    changes = [e for event in ("partitions assigned", *MOVES)
+               for e in worker.events(event, since) if "owned" in e]
+    changes.sort(key=event_time)
+    return set(changes[-1]["owned"]) if changes else set()
+
+
+def logged_moves(workers: dict[str, ConsumerProcess], since: float) -> list[Move]:
+    """Every partition a worker gave up or lost after `since` (its log)."""
+    return [(name, p, event_time(e)) for name, worker in workers.items()
+            for event in MOVES for e in worker.events(event) if event_time(e) >= since
+            for p in e["partitions"]]
+
+
+def requests_by_prompt(request_log: Path) -> dict[str, list[float]]:
+    """When the simulator received each request, per prompt id (a retry's
+    rid carries the attempt after a dot)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for line in request_log.read_text().splitlines():
+        entry = json.loads(line)
+        out[entry["rid"].split(".")[0]].append(entry["at"])
+    return out
+
+
+@dataclass
+class Waste:
+    wasted: int  # requests beyond each prompt's first
+    redone: set[str]  # prompts requested more than once
+    windows: list[set[str]]  # one per move
+
+    def check(self) -> None:
+        """Every redone prompt was in the window of a move of its partition,
+        and no more was thrown away than those windows held."""
+        covered = set().union(*self.windows)
+        assert self.redone <= covered, sorted(self.redone - covered)[:10]
+        assert self.wasted <= sum(len(w) for w in self.windows), (
+            self.wasted, [len(w) for w in self.windows])
+
+
+def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  # type: ignore[no-untyped-def]
+          request_log: Path, moves: list[Move]) -> Waste:
+    """The run's waste and the windows of `moves` (every prompt committed)."""
+    requested = requests_by_prompt(request_log)
+    assert set(requested) == {p.id for p in prompts}
+    committed = {r.key.decode(): r.timestamp / 1000 for r in read_all(
+        settings.bootstrap_servers, topics.completions_topic(run_id), timeout_s=60)}
+    partition = {p.id: p.seq % partitions for p in prompts}
+    windows = [{x for x, times in requested.items() if partition[x] == p
+                and min(times) <= when < committed[x]} for _, p, when in moves]
+    return Waste(wasted=sum(len(times) - 1 for times in requested.values()),
+                 redone={x for x, times in requested.items() if len(times) > 1},
+                 windows=windows)
