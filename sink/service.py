@@ -45,7 +45,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from schemas import Conversation, RunSpec, SinkProgress
 from schemas.progress import sink_key
 from schemas.raw import capture
-from sink import counters, dlq, object_keys, objects, routing, samples
+from sink import counters, dlq, object_keys, objects, routing, samples, store_check
 from sink.batcher import Batch, PartitionBatcher
 from sink.committer import Committer
 from sink.config import SinkConfig
@@ -159,6 +159,9 @@ class SinkService:
         self._s3 = S3Writer(client=client, bucket=config.bucket,
                             conditional_writes=config.conditional_writes)
         self._s3.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
+        store_check.check(self._s3, endpoint=self.settings.s3_endpoint_url, prefix=config.prefix,
+                          run=config.run, instance=config.instance,
+                          max_batch_bytes=config.limits.max_bytes)
 
         self.watchdog.start()
         try:
