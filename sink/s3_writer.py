@@ -156,16 +156,26 @@ class S3Writer:
         if not create:
             raise BucketMissing(
                 f"s3 bucket {self.bucket!r} does not exist; create it, or pass --create-bucket")
+        self._create_bucket(region)
+        log.info("bucket created", bucket=self.bucket)
+        return True
+
+    def _create_bucket(self, region: str) -> None:
         kwargs: dict[str, Any] = {"Bucket": self.bucket}
         if region != "us-east-1":
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
         try:
             self.client.create_bucket(**kwargs)
+        except _UNREACHABLE as exc:
+            raise S3Unreachable(f"no answer ({exc})") from None
         except ClientError as exc:
-            if _code(exc) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise
-        log.info("bucket created", bucket=self.bucket)
-        return True
+            if _code(exc) in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                pass
+            elif _status(exc) >= 500:  # 503 SlowDown, 500: the start-up wait tries again
+                raise S3Unreachable(
+                    f"CREATE bucket answered {_status(exc)} ({_code(exc)})") from None
+            else:
+                raise S3Failed(f"cannot create s3 bucket {self.bucket!r}: {exc}") from None
 
     # -- probe ---------------------------------------------------------------
 

@@ -51,9 +51,9 @@ class Observed:
 
     store: str  # the endpoint, and the Server header when the store sends one
     create: str
-    create_again: str
-    replace_wrong: str
-    replace_quoted: str
+    create_again: str | None = None
+    replace_wrong: str | None = None
+    replace_quoted: str | None = None
     replace_unquoted: str | None = None
     multipart_create_again: str | None = None
     multipart_replace_wrong: str | None = None
@@ -79,10 +79,15 @@ def decide(seen: Observed) -> StoreProfile:
     multipart = (seen.multipart_create_again == REFUSED
                  and seen.multipart_replace_wrong == REFUSED)
     missing = []
+    if seen.create != OK:
+        missing.append(f"If-None-Match: * on PutObject (a create of a new key was answered "
+                       f"{_said(seen.create)})")
+        return StoreProfile(conditional_create=False, conditional_replace=False,
+                            etag_unquoted=False, multipart_conditions=False,
+                            missing=tuple(missing))  # nothing more was asked
     if not create:
-        answer = seen.create_again if seen.create == OK else seen.create
         missing.append(f"If-None-Match: * on PutObject (a create of an existing key was "
-                       f"answered {_said(answer)})")
+                       f"answered {_said(seen.create_again)})")
     if not wrong_refused:
         missing.append(f"If-Match on PutObject (a replace naming a wrong ETag was answered "
                        f"{_said(seen.replace_wrong)})")
@@ -147,8 +152,16 @@ def probe(client: Any, bucket: str, key: str, endpoint: str | None) -> Observed:
 
     try:
         create, first = put(IfNoneMatch="*")
+        if create == REFUSED:
+            # The key is random: only this create's own first attempt, whose
+            # answer was lost and which botocore retried, can have made it.
+            create = OK
         server = _server(first)
-        etag = str(first.get("ETag", "")) if create == OK else ""
+        store = endpoint or "AWS S3"
+        store = f"{store} ({server})" if server else store
+        if create != OK:  # the store rejects the header: nothing was written
+            return Observed(store=store, create=create)
+        etag = str(first.get("ETag", ""))
         try:
             create_again, _ = put(IfNoneMatch="*")
             replace_wrong, _ = put(IfMatch=WRONG_ETAG)
@@ -165,8 +178,7 @@ def probe(client: Any, bucket: str, key: str, endpoint: str | None) -> Observed:
     except (BotoCoreError, ClientError) as exc:
         raise S3Failed(f"the S3 store check at {endpoint or 'AWS S3'} (bucket {bucket}) "
                        f"failed: {exc}") from None
-    store = endpoint or "AWS S3"
-    return Observed(store=f"{store} ({server})" if server else store, create=create,
+    return Observed(store=store, create=create,
                     create_again=create_again, replace_wrong=replace_wrong,
                     replace_quoted=replace_quoted, replace_unquoted=unquoted,
                     multipart_create_again=multipart_create,
