@@ -159,9 +159,9 @@ class SinkService:
         self._s3 = S3Writer(client=client, bucket=config.bucket,
                             conditional_writes=config.conditional_writes)
         self._s3.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
-        store_check.check(self._s3, endpoint=self.settings.s3_endpoint_url, prefix=config.prefix,
-                          run=config.run, instance=config.instance,
-                          max_batch_bytes=config.limits.max_bytes)
+        store_check.check(self._s3, endpoint=self.settings.s3_endpoint_url,
+                          region=self.settings.s3_region, prefix=config.prefix, run=config.run,
+                          instance=config.instance, max_batch_bytes=config.limits.max_bytes)
 
         self.watchdog.start()
         try:

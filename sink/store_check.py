@@ -202,16 +202,21 @@ def _multipart(client: Any, bucket: str, key: str, **conditions: str) -> str:
             pass  # completed (the store ignored the condition), or already gone
 
 
-def check(writer: Any, *, endpoint: str | None, prefix: str, run: str, instance: str,
-          max_batch_bytes: int) -> StoreProfile | None:
-    """The sink's start-up check: probe, then adapt `writer` (an S3Writer) to
-    what the store honours, or raise StoreRefused. Skipped (None) when the
-    writer sends no conditions (`--no-conditional-writes`)."""
+def check(writer: Any, *, endpoint: str | None, region: str, prefix: str, run: str,
+          instance: str, max_batch_bytes: int) -> StoreProfile | None:
+    """The sink's start-up check: probe (with a client of its own, so the
+    upload client's hooks and error counters see uploads only), then adapt
+    `writer` (an S3Writer) to what the store honours, or raise StoreRefused.
+    Skipped (None) when the writer sends no conditions
+    (`--no-conditional-writes`)."""
+    from sink.s3_writer import make_client
+
     if not writer.conditional_writes:
         log.warning("conditional writes are off (--no-conditional-writes): a sink that lost "
                     "its partitions can overwrite a newer object", endpoint=endpoint)
         return None
-    seen = probe(writer.client, writer.bucket, scratch_key(prefix, run, instance), endpoint)
+    client = make_client(endpoint_url=endpoint, region=region, max_pool=1)
+    seen = probe(client, writer.bucket, scratch_key(prefix, run, instance), endpoint)
     profile = decide(seen)
     refused = refusal(seen, profile, max_batch_bytes)
     if refused is not None:

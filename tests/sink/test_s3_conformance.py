@@ -110,8 +110,9 @@ def test_the_store_honours_conditional_writes_as_the_start_up_check_finds(
     create_bucket(settings)
     writer = S3Writer(client=make_client(endpoint_url=settings.s3_endpoint_url,
                                          region="us-east-1"), bucket=settings.s3_bucket)
-    profile = store_check.check(writer, endpoint=settings.s3_endpoint_url, prefix="",
-                                run="conformance", instance="t", max_batch_bytes=64 << 20)
+    profile = store_check.check(writer, endpoint=settings.s3_endpoint_url, region="us-east-1",
+                                prefix="", run="conformance", instance="t",
+                                max_batch_bytes=64 << 20)
     assert profile is not None
     assert profile.conditional_create and profile.conditional_replace and not profile.missing
     if real_s3.name == "ceph":  # what Ceph 16 (Debian bookworm) does, as found here

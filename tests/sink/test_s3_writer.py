@@ -25,8 +25,8 @@ def writer(settings, services) -> S3Writer:
     w = S3Writer(client=client, bucket=settings.s3_bucket, multipart_threshold=6 * MiB,
                  part_size=5 * MiB)
     w.ensure_bucket(create=True, region="us-east-1")
-    store_check.check(w, endpoint=settings.s3_endpoint_url, prefix="", run="t", instance="test",
-                      max_batch_bytes=64 * MiB)
+    store_check.check(w, endpoint=settings.s3_endpoint_url, region="us-east-1", prefix="",
+                      run="t", instance="test", max_batch_bytes=64 * MiB)
     return w
 
 

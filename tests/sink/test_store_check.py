@@ -96,8 +96,8 @@ def _check(endpoint: str, bucket: str) -> store_check.StoreProfile | None:
     writer = S3Writer(client=make_client(endpoint_url=endpoint, region="us-east-1"),
                       bucket=bucket)
     writer.ensure_bucket(create=True, region="us-east-1")
-    profile = store_check.check(writer, endpoint=endpoint, prefix="p/", run="r",
-                                instance="i", max_batch_bytes=64 * MiB)
+    profile = store_check.check(writer, endpoint=endpoint, region="us-east-1", prefix="p/",
+                                run="r", instance="i", max_batch_bytes=64 * MiB)
     assert writer.client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
     return profile
 
