@@ -15,7 +15,8 @@ Before consuming, the sink writes a scratch key under the run's prefix
 6. with `If-Match: <a wrong ETag>`: both must be refused, or the sink puts
    every object in one PUT (up to 5 GiB) instead of parts;
 
-then deletes the scratch key. A store that fails 2, 3 or 4 is refused with
+then deletes the scratch key (a check killed midway leaves it: the next
+start of the same instance deletes it first). A store that fails 2, 3 or 4 is refused with
 one line naming it and what it lacks, unless `--no-conditional-writes`
 turns the protection (and this check) off. `decide` and `refusal` are pure;
 `probe` does the requests.
@@ -120,8 +121,23 @@ def refusal(seen: Observed, profile: StoreProfile, max_batch_bytes: int) -> str 
             "(docs/commands/sink.md)")
 
 
+def scratch_prefix(prefix: str, run: str, instance: str) -> str:
+    return f"{prefix}{run}/_tokenmill-store-check/{instance}-"
+
+
 def scratch_key(prefix: str, run: str, instance: str) -> str:
-    return f"{prefix}{run}/_tokenmill-store-check/{instance}-{secrets.token_hex(6)}"
+    return f"{scratch_prefix(prefix, run, instance)}{secrets.token_hex(6)}"
+
+
+def remove_leftovers(client: Any, bucket: str, prefix: str) -> list[str]:
+    """Delete the scratch keys an earlier check of this instance left behind
+    (it was killed mid-check). Only this instance's: another instance may be
+    checking right now. Returns the keys deleted."""
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    keys = [str(item["Key"]) for item in listed.get("Contents", [])]
+    for key in keys:
+        client.delete_object(Bucket=bucket, Key=key)
+    return keys
 
 
 def _answer(call: Any) -> tuple[str, dict[str, Any]]:
@@ -216,6 +232,13 @@ def check(writer: Any, *, endpoint: str | None, region: str, prefix: str, run: s
                     "its partitions can overwrite a newer object", endpoint=endpoint)
         return None
     client = make_client(endpoint_url=endpoint, region=region, max_pool=1)
+    try:
+        left = remove_leftovers(client, writer.bucket, scratch_prefix(prefix, run, instance))
+    except (BotoCoreError, ClientError) as exc:
+        raise S3Failed(f"the S3 store check at {endpoint or 'AWS S3'} (bucket {writer.bucket}) "
+                       f"failed: {exc}") from None
+    if left:
+        log.info("deleted what an interrupted store check left", keys=left)
     seen = probe(client, writer.bucket, scratch_key(prefix, run, instance), endpoint)
     profile = decide(seen)
     refused = refusal(seen, profile, max_batch_bytes)

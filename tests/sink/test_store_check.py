@@ -98,7 +98,8 @@ def _check(endpoint: str, bucket: str) -> store_check.StoreProfile | None:
     writer.ensure_bucket(create=True, region="us-east-1")
     profile = store_check.check(writer, endpoint=endpoint, region="us-east-1", prefix="p/",
                                 run="r", instance="i", max_batch_bytes=64 * MiB)
-    assert writer.client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    listed = writer.client.list_objects_v2(Bucket=bucket).get("Contents", [])
+    assert not [item for item in listed if item["Key"].startswith("p/r/_tokenmill-store-check/i-")]
     return profile
 
 
@@ -268,3 +269,17 @@ def test_no_conditional_writes_skips_the_check_and_runs(settings, run_id) -> Non
     ids = [msgspec.json.decode(line)["id"] for body, _ in stub.objects.values()
            for line in body.splitlines() if line]
     assert sorted(ids) == sorted(r.id for r in records)
+
+
+@pytest.mark.s3
+def test_a_check_killed_midway_leaves_a_scratch_key_the_next_start_deletes(settings) -> None:
+    writer = S3Writer(client=make_client(endpoint_url=settings.s3_endpoint_url,
+                                         region="us-east-1"), bucket=settings.s3_bucket)
+    writer.ensure_bucket(create=True, region="us-east-1")
+    mine = store_check.scratch_key("p/", "r", "i")
+    other = store_check.scratch_key("p/", "r", "other")  # another instance's, checking now
+    for key in (mine, other):
+        writer.client.put_object(Bucket=settings.s3_bucket, Key=key, Body=b"left")
+    assert _check(settings.s3_endpoint_url, settings.s3_bucket) is not None  # instance "i"
+    listed = writer.client.list_objects_v2(Bucket=settings.s3_bucket).get("Contents", [])
+    assert [item["Key"] for item in listed] == [other]
