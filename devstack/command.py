@@ -49,6 +49,12 @@ def dev() -> None:
 @click.option("--kafka-port", default=9092, show_default=True, type=PORT)
 @click.option("--controller-port", default=9093, show_default=True, type=PORT)
 @click.option("--s3-port", default=9000, show_default=True, type=PORT)
+@click.option("--s3", "s3_kind", default="moto", show_default=True,
+              type=click.Choice(stack.S3_KINDS),
+              help="The S3 server: moto (in memory, starts in 2 s) or ceph (a real object "
+                   "store: Ceph's S3 gateway on a one-node cluster, from Debian's packages, "
+                   "installed when missing as root; starts in about 10 s; its objects last "
+                   "across restarts).")
 @click.option("--bucket", default=stack.DEFAULT_BUCKET, show_default=True,
               type=Pattern(BUCKET_PATTERN.pattern, "expected an S3 bucket name"))
 @click.option("--kafka-heap", default="1g", show_default=True, type=HEAP,
@@ -61,7 +67,7 @@ def dev() -> None:
                    "admin grants ACLs). The exports log in as admin and list every role's.")
 @service_command
 def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, s3_port: int,
-       bucket: str, kafka_heap: str, timeout_s: float, secured: bool) -> None:
+       s3_kind: str, bucket: str, kafka_heap: str, timeout_s: float, secured: bool) -> None:
     """Start the brokers and the S3 server (or whichever of them is down),
     wait until they answer, print exports.
 
@@ -70,6 +76,7 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
       eval "$(tokenmill dev up)"
       eval "$(tokenmill dev up --brokers 3)"
       eval "$(tokenmill dev up --secure)"
+      eval "$(tokenmill dev up --s3 ceph)"
     """
     ports = [*(kafka_port + 2 * i for i in range(brokers)),
              *(controller_port + 2 * i for i in range(brokers)), s3_port]
@@ -80,7 +87,7 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
                                "--controller-port + 2i)")
     plan = stack.StackPlan.on_ports(
         writable_state_dir(settings), kafka_port=kafka_port, controller_port=controller_port,
-        brokers=brokers, s3_port=s3_port, bucket=bucket, kafka_heap=kafka_heap,
+        brokers=brokers, s3_port=s3_port, s3_kind=s3_kind, bucket=bucket, kafka_heap=kafka_heap,
         timeout_s=timeout_s, secure=secured,
     )
     started_at = time.monotonic()
@@ -95,7 +102,8 @@ def up(settings: Settings, brokers: int, kafka_port: int, controller_port: int, 
     console.print(
         f"[green]dev stack {what}[/] in {time.monotonic() - started_at:.1f}s: "
         f"Kafka {state.bootstrap}{' (SASL_SSL, ACLs on)' if state.security else ''}, "
-        f"S3 {state.s3.address} (bucket {state.bucket}); state in {settings.state_dir}"
+        f"S3 ({state.s3_kind}) {state.s3.address} (bucket {state.bucket}); "
+        f"state in {settings.state_dir}"
     )
     if state.security is not None:
         console.print("the roles have no ACLs yet: as admin, `tokenmill deploy acls --run RUN "

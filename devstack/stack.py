@@ -5,6 +5,11 @@ every process runs in its own session so `down` can stop the whole group and
 leave nothing behind. `up` on a stack that is partly down restarts only what
 is down, the same command on the same data, and never replaces a running S3
 server (moto keeps its objects in memory: a new one would be empty).
+
+The S3 server is one of two kinds (`StackPlan.s3_kind`): `moto` (the
+default: in memory, starts in 2 s) or `ceph`, a real object store (Ceph's
+S3 gateway on a one-node cluster, devstack/ceph_rgw.py), whose objects last
+across restarts of any of its processes.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from typing import Any
 import boto3
 import msgspec
 
-from devstack import kafka_broker, processes, s3_server, secure
+from devstack import ceph_rgw, kafka_broker, processes, s3_server, secure
 from tokenmill.kafka import kraft
 from tokenmill.log import get_logger
 
 log = get_logger("devstack")
 
 DEFAULT_BUCKET = "tokenmill"
+S3_KINDS = ("moto", ceph_rgw.KIND)
 LOCAL_EXTRA_HINT = ("the local stack needs moto, which comes with the `local` extra: "
                     "pip install 'tokenmill[local]' (from a checkout: pip install -e '.[local]')")
 
@@ -46,6 +52,9 @@ class StackState(msgspec.Struct):
     bucket: str
     started_at: float
     security: secure.SecureState | None = None  # `dev up --secure`
+    s3_kind: str = "moto"
+    # The processes behind a real S3 server's gateway (Ceph: monitor, OSD).
+    s3_cluster: list[ServiceState] = msgspec.field(default_factory=list)
 
     @property
     def bootstrap(self) -> str:
@@ -53,7 +62,7 @@ class StackState(msgspec.Struct):
         return ",".join(broker.address for broker in self.brokers)
 
     def services(self) -> list[ServiceState]:
-        return [*self.brokers, self.s3]
+        return [*self.brokers, *self.s3_cluster, self.s3]
 
     def env(self) -> dict[str, str]:
         return {
@@ -73,7 +82,7 @@ class StackError(RuntimeError):
 
 # What setting the stack up can fail with: a command prints it as one line.
 SETUP_ERRORS: tuple[type[BaseException], ...] = (
-    StackError, kafka_broker.BrokerSetupError, processes.PortInUse)
+    StackError, kafka_broker.BrokerSetupError, processes.PortInUse, ceph_rgw.CephSetupError)
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,7 @@ class StackPlan:
     kafka_ports: tuple[int, ...] = (9092,)
     controller_ports: tuple[int, ...] = (9093,)
     s3_port: int = 9000
+    s3_kind: str = "moto"
     bucket: str = DEFAULT_BUCKET
     kafka_heap: str = "1g"
     timeout_s: float = 120.0
@@ -95,6 +105,9 @@ class StackPlan:
     def __post_init__(self) -> None:
         if len(self.kafka_ports) != len(self.controller_ports) or not self.kafka_ports:
             raise ValueError("one Kafka port and one controller port per broker")
+        if self.s3_kind not in S3_KINDS:
+            raise ValueError(f"S3 server kind {self.s3_kind!r}: expected one of "
+                             f"{', '.join(S3_KINDS)}")
         nodes = tuple(kraft.Node(i + 1, self.host, k, c)
                       for i, (k, c) in enumerate(zip(self.kafka_ports, self.controller_ports)))
         object.__setattr__(self, "nodes", nodes)
@@ -166,7 +179,7 @@ Progress = Callable[[str], None]
 def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState, list[str]]:
     """Start the stack, or what of it is down; returns (state, names started).
     An empty list means everything was already running."""
-    if importlib.util.find_spec("moto") is None:
+    if plan.s3_kind == "moto" and importlib.util.find_spec("moto") is None:
         raise StackError(LOCAL_EXTRA_HINT)
     plan.state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_state(plan.state_dir)
@@ -194,8 +207,13 @@ def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState
             pid=kafka_broker.start(argv, node_plan.log_path),
             address=node_plan.address, log=str(node_plan.log_path), argv=argv,
             ports=[node_plan.node.kafka_port, node_plan.node.controller_port]))
-    state = StackState(brokers=brokers, s3=_start_s3(plan.host, plan.s3_port, plan.state_dir),
-                       bucket=plan.bucket, started_at=time.time(), security=security)
+    try:
+        s3, cluster = _start_s3(plan, on_progress)
+    except BaseException:
+        processes.stop_all([broker.pid for broker in brokers])
+        raise
+    state = StackState(brokers=brokers, s3=s3, bucket=plan.bucket, started_at=time.time(),
+                       s3_kind=plan.s3_kind, s3_cluster=cluster, security=security)
     write_state(plan.state_dir, state)
     try:
         _wait_until_ready(state, plan.timeout_s, on_progress)
@@ -205,40 +223,68 @@ def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState
     return state, [service.name for service in state.services()]
 
 
-def _start_s3(host: str, port: int, state_dir: Path) -> ServiceState:
+def _start_s3(plan: StackPlan,
+              on_progress: Progress | None) -> tuple[ServiceState, list[ServiceState]]:
+    """The S3 server: (its endpoint's process, the processes behind it)."""
+    host, port = plan.host, plan.s3_port
+    if plan.s3_kind == ceph_rgw.KIND:
+        cluster = ceph_rgw.start(plan.state_dir / "ceph", host, port, on_progress,
+                                 timeout_s=plan.timeout_s)
+        services = [ServiceState(**msgspec.structs.asdict(d)) for d in cluster.daemons]
+        return services[-1], services[:-1]
     argv = s3_server.command(host, port)
-    log_path = state_dir / "logs" / "s3.out"
+    log_path = plan.state_dir / "logs" / "s3.out"
     return ServiceState(name="s3", pid=processes.spawn(argv, log_path),
-                        address=f"http://{host}:{port}", log=str(log_path), argv=argv, ports=[port])
+                        address=f"http://{host}:{port}", log=str(log_path), argv=argv,
+                        ports=[port]), []
+
+
+def _refuse_changes(plan: StackPlan, state: StackState) -> None:
+    """A stack set up one way is not repaired into another: say how to change it."""
+    down = f"stop it (`tokenmill dev down --state-dir {plan.state_dir}`)"
+    if len(state.brokers) != plan.brokers:
+        raise StackError(f"a {len(state.brokers)}-broker stack is set up in {plan.state_dir}; "
+                         f"{down} to change --brokers")
+    if (state.security is not None) != plan.secure:
+        raise StackError(
+            f"a {'secured' if state.security else 'plain'} stack is set up in {plan.state_dir}; "
+            f"{down} to change --secure")
+    if state.s3_kind != plan.s3_kind:
+        raise StackError(f"a stack with the {state.s3_kind} S3 server is set up in "
+                         f"{plan.state_dir}; {down} to change --s3")
+
+
+def _restart_if_down(services: list[ServiceState], state_dir: Path, restarted: list[str],
+                     start: Callable[[ServiceState], int]) -> list[ServiceState]:
+    """The same command on the same data for each service that is down."""
+    out = []
+    for service in services:
+        if not is_running(service):
+            _require_ports(service, state_dir)
+            service = msgspec.structs.replace(service, pid=start(service))
+            restarted.append(service.name)
+        out.append(service)
+    return out
 
 
 def _repair(plan: StackPlan, state: StackState) -> tuple[StackState, list[str]]:
     """Restart what is down, the same command on the same data."""
-    if len(state.brokers) != plan.brokers:
-        raise StackError(
-            f"a {len(state.brokers)}-broker stack is set up in {plan.state_dir}; "
-            f"stop it (`tokenmill dev down --state-dir {plan.state_dir}`) to change --brokers")
-    if (state.security is not None) != plan.secure:
-        raise StackError(
-            f"a {'secured' if state.security else 'plain'} stack is set up in {plan.state_dir}; "
-            f"stop it (`tokenmill dev down --state-dir {plan.state_dir}`) to change --secure")
-    restarted = []
-    brokers = []
-    for broker in state.brokers:
-        if not is_running(broker):
-            _require_ports(broker, plan.state_dir)
-            broker = msgspec.structs.replace(
-                broker, pid=kafka_broker.start(broker.argv, Path(broker.log)))
-            restarted.append(broker.name)
-        brokers.append(broker)
+    _refuse_changes(plan, state)
+    restarted: list[str] = []
+    brokers = _restart_if_down(state.brokers, plan.state_dir, restarted,
+                               lambda b: kafka_broker.start(b.argv, Path(b.log)))
+    # The real store keeps its data: same command, same data.
+    cluster = _restart_if_down(state.s3_cluster, plan.state_dir, restarted,
+                               lambda s: processes.spawn(s.argv, Path(s.log)))
     s3 = state.s3
     if not is_running(s3):
-        # Its objects went with it (moto keeps them in memory).
         _require_ports(s3, plan.state_dir)
         s3 = msgspec.structs.replace(s3, pid=processes.spawn(s3.argv, Path(s3.log)))
         restarted.append(s3.name)
-        log.warning("the S3 server had stopped; started a new, empty one", address=s3.address)
-    state = msgspec.structs.replace(state, brokers=brokers, s3=s3)
+        if state.s3_kind == "moto":  # its objects went with it (moto keeps them in memory)
+            log.warning("the S3 server had stopped; started a new, empty one",
+                        address=s3.address)
+    state = msgspec.structs.replace(state, brokers=brokers, s3=s3, s3_cluster=cluster)
     if restarted:
         write_state(plan.state_dir, state)
     try:

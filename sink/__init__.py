@@ -12,6 +12,8 @@ One job per module:
 - `counters`: the cumulative `SinkProgress` counters (pure);
 - `dlq`: dead-letter records and their headers (pure);
 - `s3_writer`: boto3 uploads, multipart, retries, conditional writes;
+- `store_check`: the start-up check of what conditional writes the S3 store
+  honours (refuses a store without them, adapts the writer to its quirks);
 - `committer`: what a flush transaction holds (the protocol is tokenmill/kafka/transactions.py);
 - `metrics`: Prometheus metrics on a private registry;
 - `config`: the resolved settings of one instance; `errors`: the exceptions;

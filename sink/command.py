@@ -66,7 +66,9 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
 @click.option("--upload-concurrency", type=click.IntRange(min=1, max=64), default=4,
               show_default=True, help="Partitions whose batches upload in parallel.")
 @click.option("--conditional-writes/--no-conditional-writes", default=True, show_default=True,
-              help="Send If-None-Match/If-Match on uploads (off for endpoints that reject them).")
+              help="Send If-None-Match/If-Match on uploads, after checking at start that the "
+                   "store honours them (a store that does not is refused). Off: neither; a "
+                   "sink that lost its partitions mid-upload can then overwrite a newer object.")
 @click.option("--heartbeat-interval", "heartbeat_s", default=10.0, show_default=True,
               type=seconds(0.5, 600, min_open=False),
               help="Seconds between commits of an idle sink: `status` marks a sink whose last "

@@ -13,7 +13,10 @@ Writes are conditional: a write that creates a key sends `If-None-Match: *`,
 a write that replaces a probed object sends `If-Match: <its etag>`; a
 failed condition raises `ObjectConflict` (another owner wrote the key).
 Endpoints that ignore these headers overwrite instead; see sink/batcher.py
-for what pinning still guarantees then.
+for what pinning still guarantees then. The sink's start-up check
+(sink/store_check.py) finds what the endpoint honours and `adapt`s the
+writer: the ETag form `If-Match` takes, and whether conditions hold on
+CompleteMultipartUpload (else objects go up in one PUT, up to 5 GiB).
 """
 
 from __future__ import annotations
@@ -122,6 +125,13 @@ class S3Writer:
         self.part_size = part_size
         self.part_concurrency = part_concurrency
         self.conditional_writes = conditional_writes
+        self.etag_unquoted = False  # If-Match takes the ETag without its quotes
+        self.multipart_conditions = True  # conditions hold on CompleteMultipartUpload
+
+    def adapt(self, profile: Any) -> None:
+        """Send conditions the way the store honours them (a StoreProfile)."""
+        self.etag_unquoted = profile.etag_unquoted
+        self.multipart_conditions = profile.multipart_conditions
 
     # -- bucket --------------------------------------------------------------
 
@@ -146,16 +156,26 @@ class S3Writer:
         if not create:
             raise BucketMissing(
                 f"s3 bucket {self.bucket!r} does not exist; create it, or pass --create-bucket")
+        self._create_bucket(region)
+        log.info("bucket created", bucket=self.bucket)
+        return True
+
+    def _create_bucket(self, region: str) -> None:
         kwargs: dict[str, Any] = {"Bucket": self.bucket}
         if region != "us-east-1":
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
         try:
             self.client.create_bucket(**kwargs)
+        except _UNREACHABLE as exc:
+            raise S3Unreachable(f"no answer ({exc})") from None
         except ClientError as exc:
-            if _code(exc) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise
-        log.info("bucket created", bucket=self.bucket)
-        return True
+            if _code(exc) in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                pass
+            elif _status(exc) >= 500:  # 503 SlowDown, 500: the start-up wait tries again
+                raise S3Unreachable(
+                    f"CREATE bucket answered {_status(exc)} ({_code(exc)})") from None
+            else:
+                raise S3Failed(f"cannot create s3 bucket {self.bucket!r}: {exc}") from None
 
     # -- probe ---------------------------------------------------------------
 
@@ -178,7 +198,9 @@ class S3Writer:
     def _conditions(self, if_match: str | None) -> dict[str, str]:
         if not self.conditional_writes:
             return {}
-        return {"IfMatch": if_match} if if_match else {"IfNoneMatch": "*"}
+        if if_match:
+            return {"IfMatch": if_match.strip('"') if self.etag_unquoted else if_match}
+        return {"IfNoneMatch": "*"}
 
     def upload(self, key: str, data: bytes, metadata: dict[str, str], *,
                content_type: str, content_encoding: str | None = None,
@@ -189,7 +211,8 @@ class S3Writer:
         if content_encoding:
             extra["ContentEncoding"] = content_encoding
         try:
-            if len(data) <= self.multipart_threshold:
+            if len(data) <= self.multipart_threshold or (
+                    self.conditional_writes and not self.multipart_conditions):
                 response = self.client.put_object(
                     Bucket=self.bucket, Key=key, Body=data, **extra, **self._conditions(if_match))
                 return Uploaded(key, response["ETag"], len(data), 1)

@@ -32,7 +32,7 @@ from confluent_kafka import TopicPartition
 
 from schemas import RunSpec, SinkProgress
 from schemas.progress import sink_key
-from sink import counters
+from sink import counters, store_check
 from sink.committer import Committer
 from sink.config import SinkConfig
 from sink.errors import S3Failed
@@ -133,6 +133,9 @@ class SinkService:
         writer = S3Writer(client=client, bucket=config.bucket,
                           conditional_writes=config.conditional_writes)
         writer.ensure_bucket(create=config.create_bucket, region=self.settings.s3_region)
+        store_check.check(writer, endpoint=self.settings.s3_endpoint_url,
+                          region=self.settings.s3_region, prefix=config.prefix, run=config.run,
+                          instance=config.instance, max_batch_bytes=config.limits.max_bytes)
 
         self.watchdog.start()
         try:

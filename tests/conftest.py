@@ -12,6 +12,16 @@ Where they come from:
    needs it starts it (under a file lock in a directory the controller
    made), the others find it there, and the controller stops it at the end.
 Whatever the session started is stopped at its end.
+
+The S3-facing tests (`REAL_S3_TESTS`: tests/sink/ and the end-to-end
+exactly-once test) run against a real object store instead of moto: their
+`settings` point at `real_s3`, Ceph's S3 gateway on a one-node cluster
+(devstack/ceph_rgw.py), or `TOKENMILL_TEST_REAL_S3_ENDPOINT_URL` (with
+`TOKENMILL_TEST_REAL_S3_ACCESS_KEY_ID` / `_SECRET_ACCESS_KEY`) when set. Like
+the stack it is ONE for the session, started by the first process that needs
+it (so a session that selects none of those tests never pays for it) and
+stopped by the controller. Everything else keeps moto, which starts in 2 s
+and keeps the other tests off the real store's disk.
 """
 
 from __future__ import annotations
@@ -94,11 +104,80 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for name in ("stack", "secure-stack"):  # secure-stack: tests/secure/conftest.py
         if stack.read_state(made / name) is not None:
             stack.down(made / name)
+    if (made / "ceph.json").is_file():
+        import msgspec
+
+        from devstack import ceph_rgw
+
+        ceph_rgw.stop(msgspec.json.decode((made / "ceph.json").read_bytes(),
+                                          type=ceph_rgw.Cluster))
     shutil.rmtree(made, ignore_errors=True)
     os.environ.pop(SHARED_STACK_DIR, None)
 
 
 _made_stack_dir = pytest.StashKey[Path]()
+
+# Test files and folders whose `settings` point at the real object store.
+REAL_S3_TESTS = ("tests/sink/", "tests/e2e/test_pipeline.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            where = item.path.relative_to(config.rootpath).as_posix()
+        except ValueError:
+            continue
+        if where.startswith(REAL_S3_TESTS):
+            item.add_marker(pytest.mark.real_s3)
+
+
+@dataclass(frozen=True)
+class RealS3:
+    """The session's real object store: its endpoint and keys; `cluster` is
+    the native Ceph cluster behind it (None: an endpoint from the environment)."""
+
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    cluster: object | None = None  # devstack.ceph_rgw.Cluster
+
+    @property
+    def name(self) -> str:
+        return "ceph" if self.cluster is not None else self.endpoint_url
+
+
+def _real_s3_native() -> RealS3:
+    import msgspec
+
+    from devstack import ceph_rgw, processes, s3_server
+
+    shared = Path(os.environ[SHARED_STACK_DIR])
+    state = shared / "ceph.json"
+    with open(shared / "ceph.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster = None
+        if state.is_file():
+            cluster = msgspec.json.decode(state.read_bytes(), type=ceph_rgw.Cluster)
+            if not all(processes.running_as(d.pid, d.argv) for d in cluster.daemons):
+                ceph_rgw.stop(cluster)
+                cluster = None
+        if cluster is None:
+            home = shared / "ceph"
+            shutil.rmtree(home, ignore_errors=True)
+            cluster = ceph_rgw.start(home, "127.0.0.1", processes.free_port())
+            state.write_bytes(msgspec.json.encode(cluster))
+    return RealS3(cluster.endpoint, s3_server.DEV_ACCESS_KEY, s3_server.DEV_SECRET_KEY,
+                  cluster)
+
+
+@pytest.fixture(scope="session")
+def real_s3() -> RealS3:
+    """The real object store of the S3-facing tests (see the module's docstring)."""
+    endpoint = os.environ.get("TOKENMILL_TEST_REAL_S3_ENDPOINT_URL")
+    if endpoint:
+        return RealS3(endpoint, os.environ.get("TOKENMILL_TEST_REAL_S3_ACCESS_KEY_ID", ""),
+                      os.environ.get("TOKENMILL_TEST_REAL_S3_SECRET_ACCESS_KEY", ""))
+    return _real_s3_native()
 
 
 def _from_native() -> Services:
@@ -140,13 +219,21 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
 
 
 @pytest.fixture
-def settings(services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", services.s3_access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", services.s3_secret_key)
+def settings(request: pytest.FixtureRequest, services: Services, tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Kafka from `services`; S3 from `real_s3` for the tests marked `real_s3`
+    (REAL_S3_TESTS), else from `services`."""
+    endpoint, key, secret = (services.s3_endpoint_url, services.s3_access_key,
+                             services.s3_secret_key)
+    if request.node.get_closest_marker("real_s3") is not None:
+        real: RealS3 = request.getfixturevalue("real_s3")
+        endpoint, key, secret = real.endpoint_url, real.access_key, real.secret_key
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return Settings(
         bootstrap_servers=services.bootstrap_servers,
-        s3_endpoint_url=services.s3_endpoint_url,
+        s3_endpoint_url=endpoint,
         s3_bucket=f"tm-{uuid.uuid4().hex[:12]}",
         state_dir=tmp_path / "state",
         connect_timeout_s=10.0,

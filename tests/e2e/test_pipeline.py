@@ -97,9 +97,11 @@ def _committed(settings, run_id: str) -> int:
 
 
 def s3_keys(settings) -> list[str]:
+    """The batch objects (not the sink's start-up check's scratch key)."""
     s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1")
     return [item["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
-        Bucket=settings.s3_bucket) for item in page.get("Contents", [])]
+        Bucket=settings.s3_bucket) for item in page.get("Contents", [])
+        if "/partition=" in item["Key"]]
 
 
 def s3_ids(settings, run_id: str) -> list[str]:

@@ -228,3 +228,45 @@ def test_a_process_is_recognised_by_its_command_line_right_after_it_starts(tmp_p
         finally:
             processes.stop(pid, 2)
         assert not processes.running_as(pid, argv)
+
+
+def test_up_with_the_real_s3_server_repairs_it_keeping_its_objects(tmp_path: Path) -> None:
+    """`dev up --s3 ceph`: Ceph's S3 gateway on a one-node cluster; its OSD
+    and gateway killed (-9), `dev up` restarts just them on the same data and
+    the objects are still there; `dev down` leaves nothing."""
+    ports = [processes.free_port() for _ in range(3)]
+    state = str(tmp_path / "state")
+    args = ("dev", "up", "--state-dir", state, "--kafka-port", str(ports[0]),
+            "--controller-port", str(ports[1]), "--s3-port", str(ports[2]),
+            "--kafka-heap", "512m", "--s3", "ceph")
+    up = tokenmill(*args)
+    assert up.returncode == 0, up.stderr
+    assert "S3 (ceph)" in up.stderr
+    env = _exports(up.stdout)
+    saved = msgspec.json.decode((Path(state) / "stack.json").read_bytes())
+    pids = {s["name"]: s["pid"] for s in [*saved["brokers"], *saved["s3_cluster"], saved["s3"]]}
+    try:
+        assert set(pids) == {"kafka-1", "ceph-mon", "ceph-osd", "s3"}
+        s3 = boto3.client("s3", endpoint_url=env["TOKENMILL_S3_ENDPOINT_URL"],
+                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                          region_name="us-east-1")
+        s3.put_object(Bucket=env["TOKENMILL_S3_BUCKET"], Key="k", Body=b"kept")
+        for name in ("ceph-osd", "s3"):
+            processes.signal_group(pids[name], signal.SIGKILL)
+            assert processes.wait_gone(pids[name], 30)
+        assert tokenmill("dev", "status", "--state-dir", state).returncode == 1
+        again = tokenmill(*args)
+        assert again.returncode == 0, again.stderr
+        assert "restarted ceph-osd, s3" in " ".join(again.stderr.split())
+        got = s3.get_object(Bucket=env["TOKENMILL_S3_BUCKET"], Key="k")["Body"].read()
+        assert got == b"kept"
+        moto = tokenmill("dev", "up", "--state-dir", state, "--s3", "moto")
+        assert moto.returncode == 1 and "to change --s3" in moto.stderr
+        saved = msgspec.json.decode((Path(state) / "stack.json").read_bytes())
+        pids = {s["name"]: s["pid"]
+                for s in [*saved["brokers"], *saved["s3_cluster"], saved["s3"]]}
+    finally:
+        down = tokenmill("dev", "down", "--state-dir", state)
+    assert down.returncode == 0
+    assert not any(processes.group_alive(pid) for pid in pids.values())
