@@ -159,7 +159,7 @@ def test_compose_stack_processes_the_sample_set_exactly_once(tmp_path: Path) -> 
             assert time.monotonic() < deadline, \
                 f"not done in {DONE_TIMEOUT_S:.0f}s: {len(seen['s3'])} in S3, " \
                 f"{len(seen['dlq'])} in the DLQ of {len(seen['published'])}\n{project.logs()}"
-            time.sleep(3)
+            time.sleep(3)  # poll of a wait loop
             seen = check(project, built.tokenmill)
     finally:
         down = project.run("down", timeout=300)
