@@ -14,6 +14,7 @@ from schemas import Completion, DeadLetter, Failure, Message, PromptRecord
 from schemas.completion import Conversation, SpecStats, Step, Usage
 from schemas.messages import FunctionCall, ToolCall
 from schemas.progress import ConsumerProgress, ProducerCheckpoint
+from sink.samples import conversation_sample, encode_line, sample_line
 
 CATEGORIES = ("plain", "system-prompt", "multi-turn", "tools")
 SOURCES = tuple(f"data/source-{i:02d}.jsonl" for i in range(16))
@@ -67,7 +68,10 @@ def conversation(rng: random.Random, i: int, run: str = "r1", max_tokens: int = 
         steps.append(Step(turn=turn, finish_reason=finish, content="answer",
                           reasoning_content="think", usage=Usage(completion_tokens=tokens),
                           spec=_spec(rng, i % gpus, True), instance=f"gpu{i % gpus}"))
-    prompt = msgspec.structs.replace(_prompt(rng, i, run), category="multi-turn")
+    users = tuple(Message(role, f"{role} {k}") for k in range(steps[-1].turn + 1)
+                  for role in ("user", "assistant"))
+    prompt = msgspec.structs.replace(_prompt(rng, i, run), category="multi-turn",
+                                     messages=users)
     return Conversation(id=f"{i:032x}", run=run, settings_hash="0123456789abcdef",
                         prompt=prompt, steps=tuple(steps))
 
@@ -77,6 +81,13 @@ def dead_letter(record: Completion | Failure | Conversation, reason: str,
     return DeadLetter(id=record.id, run=record.run, reason=reason, detail="",
                       source_topic=f"tokenmill.{record.run}.completions", source_partition=0,
                       source_offset=offset, record=record)
+
+
+def s3_line(record: Completion | Conversation) -> bytes:
+    """The line the sink writes for an accepted result (sink/samples.py)."""
+    if isinstance(record, Conversation):
+        return encode_line(conversation_sample(record))[:-1]
+    return sample_line(record)[:-1]
 
 
 def results(n: int, seed: int = 7, run: str = "r1", max_tokens: int = 4096,
@@ -99,7 +110,7 @@ def results(n: int, seed: int = 7, run: str = "r1", max_tokens: int = 4096,
             if record.finish_reason == "length":
                 yield False, _encoder.encode(dead_letter(record, "length", i))
                 continue
-        yield True, _encoder.encode(record)
+        yield True, s3_line(record)
 
 
 def progress(run: str = "r1", gpus: int = 4, seconds: int = 3600, every: float = 5.0,
@@ -111,6 +122,7 @@ def progress(run: str = "r1", gpus: int = 4, seconds: int = 3600, every: float =
     yield ProducerCheckpoint(run=run, next_seq=total, total=total, done=True, updated_at=t0)
     done = [0.0] * gpus
     tokens = [0.0] * gpus
+    accept = [2.6 + 0.3 * g for g in range(gpus)]
     steps = int(seconds / every)
     for k in range(1, steps + 1):
         t = t0 + k * every
@@ -121,4 +133,5 @@ def progress(run: str = "r1", gpus: int = 4, seconds: int = 3600, every: float =
             done[g] = min(total / gpus, done[g] + rate * every / 1800)
             yield ConsumerProgress(run=run, instance=f"gpu{g}", completions=int(done[g]),
                                    completion_tokens=int(tokens[g]), started_at=t0,
-                                   updated_at=t)
+                                   updated_at=t, spec_tokens=int(tokens[g]),
+                                   spec_accept_weighted=accept[g] * int(tokens[g]))

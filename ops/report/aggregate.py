@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Literal
 
 import msgspec
 
@@ -26,6 +25,7 @@ from ops.report.figures import (
     Series,
     Timeline,
 )
+from schemas.progress import ConsumerProgress, ProducerCheckpoint, Progress
 
 LENGTH_BINS = 32
 ACCEPT_BIN = 0.25  # accept length histogram: bins of a quarter token ...
@@ -60,11 +60,29 @@ class _Answer(msgspec.Struct):
     tool_calls: list[msgspec.Raw] | None = None
     usage: _Usage = msgspec.field(default_factory=_Usage)
     spec: _Spec = msgspec.field(default_factory=_Spec)
-    instance: str = ""
 
 
 class _Step(_Answer):
     turn: int = 0
+
+
+class _Turn(msgspec.Struct):
+    reasoning_content: str | None = None
+
+
+class _Line(msgspec.Struct):
+    """An S3 line: a `schemas.TrainingSample`, or (`kind` "conversation") a
+    `schemas.sample.ConversationSample`."""
+
+    kind: str = "completion"
+    category: str = ""
+    source: str = ""
+    finish_reason: str = ""
+    completion: _Turn = msgspec.field(default_factory=_Turn)
+    usage: _Usage = msgspec.field(default_factory=_Usage)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+    steps: list[_Step] = []
+    outcome: str = "finished"
 
 
 class _Completion(_Answer, tag="completion", tag_field="kind"):
@@ -86,11 +104,13 @@ _Record = _Completion | _Conversation | _Failure
 
 
 class _DeadLetter(msgspec.Struct):
+    """A `schemas.DeadLetter`: the completion record as the worker wrote it."""
+
     reason: str
     record: _Record | None = None
 
 
-_record_decoder = msgspec.json.Decoder(_Record)
+_line_decoder = msgspec.json.Decoder(_Line)
 _letter_decoder = msgspec.json.Decoder(_DeadLetter)
 
 
@@ -109,9 +129,9 @@ def length_width(caps: Sequence[int], bins: int = LENGTH_BINS) -> int:
     return max(1, math.ceil((top + 1) / bins))
 
 
-def has_reasoning(answer: _Answer) -> bool:
-    text = answer.reasoning_content
-    return bool(text and not text.isspace()) or answer.usage.reasoning_tokens > 0
+def _present(reasoning: str | None, usage: _Usage) -> bool:
+    """Thinking is present: reasoning text that is not blank, or reasoning tokens."""
+    return bool(reasoning and not reasoning.isspace()) or usage.reasoning_tokens > 0
 
 
 def histogram(counts: Sequence[int], width: float) -> Histogram:
@@ -154,7 +174,6 @@ class Aggregator:
         self.dlq_src: dict[str, Counter[str]] = defaultdict(Counter)
         self.thinking: dict[str, Counter[str]] = defaultdict(Counter)
         self.accept = [0] * ACCEPT_BINS
-        self.accept_gpu: dict[str, list[float]] = {}  # instance -> [requests, sum]
         self.conversations = 0
         self.turns = [0] * COUNT_BINS
         self.tool_rounds = [0] * COUNT_BINS
@@ -166,7 +185,14 @@ class Aggregator:
     def add_line(self, line: bytes) -> None:
         """One line of a sink's S3 object: an accepted result."""
         self.accepted += 1
-        self._add(_record_decoder.decode(line))
+        sample = _line_decoder.decode(line)
+        prompt = _Prompt(sample.category, sample.source)
+        if sample.kind == "conversation":
+            self._conversation(prompt, sample.steps, sample.outcome)
+            return
+        self._finish(prompt, sample.finish_reason)
+        self._answer(prompt.category, sample.finish_reason, sample.usage, sample.spec,
+                     _present(sample.completion.reasoning_content, sample.usage))
 
     def add_dead_letter(self, value: bytes) -> None:
         """One record of a DLQ topic (`schemas.DeadLetter`)."""
@@ -188,39 +214,43 @@ class Aggregator:
         prompt = record.prompt
         if isinstance(record, _Completion):
             self._finish(prompt, record.finish_reason)
-            self._answer(prompt.category, record)
+            self._step(prompt.category, record)
             return
+        self._conversation(prompt, record.steps, record.outcome)
+
+    def _conversation(self, prompt: _Prompt, steps: list[_Step], outcome: str) -> None:
         self.conversations += 1
-        self._finish(prompt, f"conversation {record.outcome}")
-        turns = {step.turn for step in record.steps}
+        self._finish(prompt, f"conversation {outcome}")
+        turns = {step.turn for step in steps}
         self.turns[min(len(turns), COUNT_BINS - 1)] += 1
-        rounds = sum(1 for step in record.steps if step.tool_calls)
+        rounds = sum(1 for step in steps if step.tool_calls)
         self.tool_rounds[min(rounds, COUNT_BINS - 1)] += 1
-        for step in record.steps:
-            self._answer(prompt.category, step)
+        for step in steps:
+            self._step(prompt.category, step)
+
+    def _step(self, category: str, answer: _Answer) -> None:
+        self._answer(category, answer.finish_reason, answer.usage, answer.spec,
+                     _present(answer.reasoning_content, answer.usage))
 
     def _finish(self, prompt: _Prompt, reason: str) -> None:
         self.finish_cat[prompt.category][reason] += 1
         self.finish_src[prompt.source][reason] += 1
 
-    def _answer(self, category: str, answer: _Answer) -> None:
+    def _answer(self, category: str, finish_reason: str, usage: _Usage, spec: _Spec,
+                thinking: bool) -> None:
         row = self.lengths.get(category)
         if row is None:
             row = self.lengths[category] = [0] * LENGTH_BINS
-        row[bin_index(answer.usage.completion_tokens, self.width, LENGTH_BINS)] += 1
+        row[bin_index(usage.completion_tokens, self.width, LENGTH_BINS)] += 1
         self.answers[category] += 1
-        if answer.finish_reason == "length":
+        if finish_reason == "length":
             self.truncated[category] += 1
-        self.thinking[category]["present" if has_reasoning(answer) else "absent"] += 1
-        accept = answer.spec.accept_length
-        if accept is not None:
-            self.accept[bin_index(accept, ACCEPT_BIN, ACCEPT_BINS)] += 1
-            gpu = self.accept_gpu.setdefault(answer.instance or "(unknown)", [0, 0.0])
-            gpu[0] += 1
-            gpu[1] += accept
+        self.thinking[category]["present" if thinking else "absent"] += 1
+        if spec.accept_length is not None:
+            self.accept[bin_index(spec.accept_length, ACCEPT_BIN, ACCEPT_BINS)] += 1
 
     def figures(self, title: str, runs: list[str], timeline: Timeline,
-                notes: Sequence[str] = ()) -> Figures:
+                accept_by_gpu: Sequence[GpuAccept] = (), notes: Sequence[str] = ()) -> Figures:
         categories = sorted(self.lengths, key=lambda c: (-self.answers[c], c))
         return Figures(
             title=title, runs=runs, max_tokens=self.max_tokens, records=self.records,
@@ -233,8 +263,7 @@ class Aggregator:
             dlq_by_source=breakdown("source", self.dlq_src, TOP_SOURCES),
             thinking=breakdown("category", self.thinking),
             accept_lengths=histogram(self.accept, ACCEPT_BIN) if any(self.accept) else None,
-            accept_by_gpu=[GpuAccept(name, int(n), total / n)
-                           for name, (n, total) in sorted(self.accept_gpu.items())],
+            accept_by_gpu=list(accept_by_gpu),
             timeline=timeline, conversations=self.conversations,
             turns=histogram(self.turns, 1) if self.conversations else None,
             tool_rounds=histogram(self.tool_rounds, 1) if self.conversations else None,
@@ -272,31 +301,42 @@ class TimelineBuilder:
     def __init__(self) -> None:
         self.gpus: dict[tuple[str, str], _Thinned] = {}  # (run, instance) -> output tokens
         self.done: dict[tuple[str, str], _Thinned] = {}  # (run, instance) -> answers
+        self.latest: dict[tuple[str, str], ConsumerProgress] = {}
         self.started: dict[str, float] = {}
-        self.plans: dict[str, tuple[float, int]] = {}  # run -> (requests/s, total)
+        self.plans: dict[str, float] = {}  # run -> requests/s predicted
         self.totals: dict[str, int] = {}
         self.snapshots = 0
 
     def add_plan(self, run: str, requests_per_s: float | None) -> None:
         if requests_per_s:
-            self.plans[run] = (requests_per_s, 0)
+            self.plans[run] = requests_per_s
 
-    def add(self, run: str, kind: Literal["producer", "consumer", "sink"], instance: str,
-            at: float, started_at: float, answers: int, tokens: int, total: int = 0) -> None:
+    def add(self, run: str, record: Progress) -> None:
         self.snapshots += 1
-        if kind == "producer":
-            self.totals[run] = max(self.totals.get(run, 0), total)
+        if isinstance(record, ProducerCheckpoint):
+            self.totals[run] = max(self.totals.get(run, 0), record.total)
             return
-        if kind != "consumer" or not at:
+        if not isinstance(record, ConsumerProgress) or not record.updated_at:
             return
-        if started_at:
-            self.started[run] = min(self.started.get(run, started_at), started_at)
-        self.gpus.setdefault((run, instance), _Thinned()).add(at, tokens)
-        self.done.setdefault((run, instance), _Thinned()).add(at, answers)
+        key = (run, record.instance)
+        self.latest[key] = record
+        if record.started_at:
+            self.started[run] = min(self.started.get(run, record.started_at), record.started_at)
+        self.gpus.setdefault(key, _Thinned()).add(record.updated_at, record.completion_tokens)
+        self.done.setdefault(key, _Thinned()).add(record.updated_at,
+                                                  record.completions + record.failures)
+
+    def _name(self, run: str, instance: str) -> str:
+        return f"{run}/{instance}" if len({r for r, _ in self.gpus}) > 1 else instance
+
+    def accept_by_gpu(self) -> list[GpuAccept]:
+        """Each worker's accept length, weighted by output tokens (its last counters)."""
+        return [GpuAccept(self._name(run, instance), p.spec_tokens,
+                          p.spec_accept_weighted / p.spec_tokens)
+                for (run, instance), p in sorted(self.latest.items()) if p.spec_tokens]
 
     def timeline(self) -> Timeline:
         runs = sorted({run for run, _ in self.gpus})
-        several = len(runs) > 1
         t0 = min((self.started.get(run, math.inf) for run in runs), default=0.0)
         if t0 == math.inf:
             t0 = min(p.points[0][0] for p in self.gpus.values())
@@ -305,18 +345,18 @@ class TimelineBuilder:
             pts = thinned.points
             rates = [(b[0] - t0, (b[1] - a[1]) / (b[0] - a[0]))
                      for a, b in zip(pts, pts[1:]) if b[0] > a[0]]
-            throughput.append(Series(f"{run}/{instance}" if several else instance, rates))
+            throughput.append(Series(self._name(run, instance), rates))
         progress = []
         for run in runs:
             actual = _summed([self.done[k].points for k in self.done if k[0] == run])
             start = self.started.get(run, actual[0][0] if actual else t0)
             progress.append(Series(f"{run} generated", [(t - t0, v) for t, v in actual]))
-            plan = self.plans.get(run)
+            rate = self.plans.get(run)
             total = self.totals.get(run, 0)
-            if plan and total:
-                finish = total / plan[0]
+            if rate and total:
                 progress.append(Series(f"{run} plan", [(start - t0, 0.0),
-                                                       (start - t0 + finish, float(total))]))
+                                                       (start - t0 + total / rate,
+                                                        float(total))]))
         return Timeline(throughput=throughput, progress=progress, snapshots=self.snapshots,
                         planned=any(s.name.endswith(" plan") for s in progress))
 

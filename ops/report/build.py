@@ -22,7 +22,7 @@ from ops.export.command import sample_id
 from ops.report import figures, render
 from ops.report.aggregate import Aggregator, TimelineBuilder
 from ops.report.figures import Figures
-from schemas.progress import ConsumerProgress, ProducerCheckpoint, decode_progress
+from schemas.progress import decode_progress
 from sink.s3_writer import make_client
 from tokenmill.kafka import committed, topics
 from tokenmill.log import get_logger
@@ -72,7 +72,8 @@ def build_figures(settings: Settings, run_id: str) -> Figures:
                      "newest run that has one, else its last dead letter")
     title = (f"tokenmill report: {run_id}" if single else
              f"tokenmill report: lineage of {run_id} (root {found.specs[0].run_id})")
-    return agg.figures(title, [s.run_id for s in found.specs], timeline.timeline(), notes)
+    return agg.figures(title, [s.run_id for s in found.specs], timeline.timeline(),
+                       timeline.accept_by_gpu(), notes)
 
 
 def _read_results(settings: Settings, found: Lineage, index: LineageIndex | None,
@@ -101,13 +102,7 @@ def _read_progress(settings: Settings, run_id: str, timeline: TimelineBuilder) -
     """Every committed progress record still in the topic: compaction keeps
     each member's latest, and the history of the last minutes before it."""
     for _, value in _values(settings, topics.progress_topic(run_id)):
-        record = decode_progress(value)
-        if isinstance(record, ProducerCheckpoint):
-            timeline.add(run_id, "producer", "", record.updated_at, 0.0, 0, 0, record.total)
-        elif isinstance(record, ConsumerProgress):
-            timeline.add(run_id, "consumer", record.instance, record.updated_at,
-                         record.started_at, record.completions + record.failures,
-                         record.completion_tokens)
+        timeline.add(run_id, decode_progress(value))
 
 
 def write_report(write: Callable[[str, bytes], None], found: Figures) -> None:

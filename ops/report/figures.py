@@ -39,9 +39,11 @@ class Series(msgspec.Struct, frozen=True):
 
 
 class GpuAccept(msgspec.Struct, frozen=True):
+    """A worker's accept length, from its progress counters."""
+
     instance: str
-    requests: int  # requests that reported an accept length
-    mean: float  # accept length, mean over requests
+    tokens: int  # output tokens of the requests that reported an accept length
+    mean: float  # accept length, weighted by those tokens
 
 
 class Timeline(msgspec.Struct, frozen=True):

@@ -267,8 +267,8 @@ def render(f: Figures) -> str:
                   histogram_svg(f.accept_lengths, "accepted tokens per verify step")
                   if f.accept_lengths else None,
                   "No speculative decoding stats: no request reported an accept length."),
-            chart("accept-gpu", "Mean accept length per GPU",
-                  hbars_svg([(g.instance, g.mean, f"{g.mean:.2f} over {g.requests:,} requests")
+            chart("accept-gpu", "Accept length per GPU (weighted by output tokens)",
+                  hbars_svg([(g.instance, g.mean, f"{g.mean:.2f} over {fmt(g.tokens)} tokens")
                              for g in f.accept_by_gpu]) if f.accept_by_gpu else None,
                   "No speculative decoding stats."),
         ]),

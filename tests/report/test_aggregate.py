@@ -23,13 +23,15 @@ from ops.report.figures import Breakdown, Timeline
 from schemas import Completion, Failure, Message, PromptRecord
 from schemas.completion import Conversation, SpecStats, Step, Usage
 from schemas.messages import FunctionCall, ToolCall
+from schemas.progress import ProducerCheckpoint
 
 CATEGORIES = ("plain", "tools", "multi-turn")
 REASONS = ("length", "failed", "empty")
 
 
 def prompt(i: int, category: str, source: str) -> PromptRecord:
-    return PromptRecord(id=f"{i:032x}", run="r", messages=(Message("user", "q"),),
+    turns = tuple(Message("user", f"q{k}") for k in range(26))  # up to 25 turns answered
+    return PromptRecord(id=f"{i:032x}", run="r", messages=turns,
                         source=source, format="openai", category=category)  # type: ignore[arg-type]
 
 
@@ -72,7 +74,9 @@ def encode(i: int, r: dict) -> tuple[bool, bytes]:
                       for turn, a in r["steps"])
         record = Conversation(id=p.id, run="r", settings_hash="h", prompt=p, steps=steps)
     if r["dlq"] is None:
-        return True, msgspec.json.encode(record)
+        if isinstance(record, Failure):  # the sink sends failures to the DLQ, always
+            return False, msgspec.json.encode(report_records.dead_letter(record, "failed", i))
+        return True, report_records.s3_line(record)
     letter = report_records.dead_letter(record, r["dlq"], i)
     return False, msgspec.json.encode(letter)
 
@@ -92,7 +96,7 @@ def test_every_figure_accounts_for_every_record(batch: list[dict], caps: list[in
     answer_list = [a for r in batch if r["kind"] != "failure"
                    for _, a in (r["steps"] if r["kind"] == "conversation" else r["steps"][:1])]
     assert f.records == len(batch)
-    assert f.dead_letters == sum(1 for r in batch if r["dlq"])
+    assert f.dead_letters == sum(1 for r in batch if r["dlq"] or r["kind"] == "failure")
     assert rows_total(f.finish_by_category) == rows_total(f.finish_by_source) == len(batch)
     assert rows_total(f.dlq_by_category) == rows_total(f.dlq_by_source) == f.dead_letters
     assert len(f.finish_by_source.rows) <= 12
@@ -105,7 +109,6 @@ def test_every_figure_accounts_for_every_record(batch: list[dict], caps: list[in
         1 for a in answer_list if a["finish"] == "length")
     with_accept = [a for a in answer_list if a["accept"] is not None]
     assert sum(f.accept_lengths.counts if f.accept_lengths else []) == len(with_accept)
-    assert sum(g.requests for g in f.accept_by_gpu) == len(with_accept)
     conversations = [r for r in batch if r["kind"] == "conversation"]
     assert f.conversations == len(conversations)
     if conversations:
@@ -134,7 +137,7 @@ def test_thinking_is_present_with_reasoning_text_or_tokens() -> None:
     agg = Aggregator([100])
     p = prompt(0, "plain", "s")
     for reasoning, tokens in (("  ", 0), (None, 5), ("x", 0), (None, 0)):
-        agg.add_line(msgspec.json.encode(Completion(
+        agg.add_line(report_records.s3_line(Completion(
             id=p.id, run="r", settings_hash="h", prompt=p, finish_reason="stop",
             reasoning_content=reasoning, usage=Usage(reasoning_tokens=tokens))))
     assert dict(agg.figures("t", [], Timeline([], [], 0, False)).thinking.rows) == {
@@ -156,11 +159,7 @@ def feed(builder: TimelineBuilder, run: str = "r1", **kwargs: int) -> int:
     n = 0
     for p in report_records.progress(run=run, **kwargs):
         n += 1
-        if p.__struct_config__.tag == "producer":
-            builder.add(run, "producer", "", p.updated_at, 0.0, 0, 0, p.total)  # type: ignore[union-attr]
-        else:
-            builder.add(run, "consumer", p.instance, p.updated_at, p.started_at,  # type: ignore[union-attr]
-                        p.completions, p.completion_tokens)  # type: ignore[union-attr]
+        builder.add(run, p)
     return n
 
 
@@ -185,13 +184,18 @@ def test_the_timeline_stays_small_and_its_rates_add_up_to_the_tokens() -> None:
     assert plan.points == [(0.0, 0.0), (4500.0, 9000.0)]  # 9,000 prompts at 2 per second
     for series in timeline.throughput:  # thinning keeps the newest commit
         assert abs(series.points[-1][0] - 7200) < 1e-6
+    accept = builder.accept_by_gpu()
+    assert [(g.instance, round(g.mean, 6)) for g in accept] == [
+        ("gpu0", 2.6), ("gpu1", 2.9), ("gpu2", 3.2)]
+    assert [g.tokens for g in accept] == [last[g].completion_tokens for g in sorted(last)]  # type: ignore[union-attr]
 
 
 def test_a_run_without_workers_has_an_empty_timeline() -> None:
     builder = TimelineBuilder()
-    builder.add("r1", "producer", "", 1.0, 0.0, 0, 0, 10)
+    builder.add("r1", ProducerCheckpoint(run="r1", next_seq=10, total=10, done=True))
     timeline = builder.timeline()
     assert timeline.throughput == [] and timeline.progress == [] and not timeline.planned
+    assert builder.accept_by_gpu() == []
 
 
 def test_synthetic_results_look_like_a_run() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bench import report_records
@@ -15,6 +16,7 @@ from ops.report import figures, render
 from ops.report.aggregate import Aggregator, TimelineBuilder
 from ops.report.build import WriteFile, write_report
 from ops.report.figures import Figures
+from schemas.progress import ConsumerProgress
 from tests.report.browser import ink, look
 
 EVERY_CHART = {"finish-category", "finish-source", "dlq-category", "dlq-source", "thinking",
@@ -31,12 +33,10 @@ def report(n: int, *, spec: bool = True, conversations: float = 0.2, failures: f
     if progress:
         timeline.add_plan("r1", 1.2)
         for p in report_records.progress(total=n, seconds=1800):
-            if p.__struct_config__.tag == "producer":
-                timeline.add("r1", "producer", "", p.updated_at, 0.0, 0, 0, p.total)  # type: ignore[union-attr]
-            else:
-                timeline.add("r1", "consumer", p.instance, p.updated_at,  # type: ignore[union-attr]
-                             p.started_at, p.completions, p.completion_tokens)  # type: ignore[union-attr]
-    return agg.figures("tokenmill report: r1", ["r1"], timeline.timeline())
+            timeline.add("r1", p if spec else msgspec.structs.replace(p, spec_tokens=0)
+                         if isinstance(p, ConsumerProgress) else p)
+    return agg.figures("tokenmill report: r1", ["r1"], timeline.timeline(),
+                       timeline.accept_by_gpu())
 
 
 def page_of(tmp_path: Path, found: Figures) -> Path:
@@ -74,7 +74,8 @@ def test_every_chart_draws(tmp_path: Path) -> None:
 BAD_RUNS = {
     "no records": (lambda: report(0, progress=False),
                    "This run has no results yet", EVERY_CHART | {"lengths"}),
-    "every record in the DLQ": (lambda: report(400, failures=1.0, conversations=0.0),
+    "every record in the DLQ": (lambda: report(400, failures=1.0, conversations=0.0,
+                                               spec=False),
                                 "Every result of this run is in the dead-letter topic",
                                 {"lengths", "thinking", "accept", "accept-gpu", "turns",
                                  "tool-rounds"}),
