@@ -11,7 +11,7 @@ index and the aggregator's counters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ops.dataset.index import LineageIndex
@@ -21,7 +21,7 @@ from ops.export import source
 from ops.export.command import sample_id
 from ops.report import figures, render
 from ops.report.aggregate import Aggregator, TimelineBuilder
-from ops.report.figures import Figures
+from ops.report.figures import Figures, Timeline
 from schemas.progress import decode_progress
 from sink.s3_writer import make_client
 from tokenmill.kafka import committed, topics
@@ -47,11 +47,19 @@ def _values(settings: Settings, topic: str) -> Iterator[tuple[bytes, bytes]]:
         return
 
 
-def build_figures(settings: Settings, run_id: str) -> Figures:
-    found = load_lineage(settings, run_id)
+# An export's directory is the same bytes every time; the progress topic's
+# history is not (compaction drops it), so an export's report leaves it out.
+LEFT_OUT = ("Left out of an export's report, which is the same bytes every time while the "
+            "progress history is compacted away: `tokenmill report RUN` shows it.")
+
+
+def build_figures(settings: Settings, run_id: str, found: Lineage | None = None,
+                  index: LineageIndex | None = None, history: bool = True) -> Figures:
+    """`found` and `index`: the lineage's, when the caller has them (export);
+    `history`: read the progress topics' history for the timeline."""
+    found = found or load_lineage(settings, run_id)
     single = len(found.specs) == 1
-    index: LineageIndex | None = None
-    if not single:
+    if index is None and not single:
         busy = [f.run_id for f in found.facts if not f.complete]
         if busy:
             raise ReportRefused(f"run(s) of the lineage still in progress: {', '.join(busy)}; "
@@ -61,9 +69,13 @@ def build_figures(settings: Settings, run_id: str) -> Figures:
     agg = Aggregator([spec.generation.max_tokens for spec in found.specs])
     _read_results(settings, found, index, agg)
     timeline = TimelineBuilder()
-    for spec in found.specs:
+    for spec, state in zip(found.specs, found.progress):
         timeline.add_plan(spec.run_id, spec.estimate.requests_per_s if spec.estimate else None)
-        _read_progress(settings, spec.run_id, timeline)
+        if history:
+            _read_progress(settings, spec.run_id, timeline)
+        else:  # each worker's last counters: what accept_by_gpu needs
+            for record in state.consumers.values():
+                timeline.add(spec.run_id, record)
     notes = [f"run {f.run_id} is in progress: {p.persisted:,} of {p.published:,} published "
              "prompts persisted so far" for f, p in zip(found.facts, found.progress)
              if not f.complete]
@@ -72,23 +84,33 @@ def build_figures(settings: Settings, run_id: str) -> Figures:
                      "newest run that has one, else its last dead letter")
     title = (f"tokenmill report: {run_id}" if single else
              f"tokenmill report: lineage of {run_id} (root {found.specs[0].run_id})")
-    return agg.figures(title, [s.run_id for s in found.specs], timeline.timeline(),
-                       timeline.accept_by_gpu(), notes)
+    drawn = (timeline.timeline() if history else
+             Timeline(throughput=[], progress=[], snapshots=0, planned=False, left_out=LEFT_OUT))
+    return agg.figures(title, [s.run_id for s in found.specs], drawn, timeline.accept_by_gpu(),
+                       notes)
 
 
 def _read_results(settings: Settings, found: Lineage, index: LineageIndex | None,
                   agg: Aggregator) -> None:
     client = make_client(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
-    clean = index.clean_winner() if index else None
     for j, spec in enumerate(found.specs):
         bucket, prefix = s3_location(settings, spec)
         keys = source.object_keys(client, bucket, prefix, spec.run_id)
-        for line in source.lines(client, bucket, keys):
-            if index is None or index.winner(sample_id(line), clean) == j:
-                agg.add_line(line)
-        for key, value in _values(settings, topics.dlq_topic(spec.run_id)):
-            if index is None or _last_word(index, key.decode(), clean) == j:
-                agg.add_dead_letter(value)
+        feed(agg, index, j, source.lines(client, bucket, keys),
+             _values(settings, topics.dlq_topic(spec.run_id)))
+
+
+def feed(agg: Aggregator, index: LineageIndex | None, j: int, lines: Iterable[bytes],
+         letters: Iterable[tuple[bytes, bytes]]) -> None:
+    """Run j's S3 lines and (key, value) dead letters into the aggregator: all
+    of them for one run (no index), else those that are the dataset's word."""
+    clean = index.clean_winner() if index else None
+    for line in lines:
+        if index is None or index.winner(sample_id(line), clean) == j:
+            agg.add_line(line)
+    for key, value in letters:
+        if index is None or _last_word(index, key.decode(), clean) == j:
+            agg.add_dead_letter(value)
 
 
 def _last_word(index: LineageIndex, prompt_id: str, clean: int | None) -> int | None:

@@ -55,6 +55,7 @@ class Timeline(msgspec.Struct, frozen=True):
     progress: list[Series]  # per run: "<run> generated", "<run> plan"
     snapshots: int  # progress records read
     planned: bool  # a run carried a prediction (`produce --plan` or --estimate-*)
+    left_out: str = ""  # why there is no timeline, when it was left out on purpose
 
 
 class Figures(msgspec.Struct, frozen=True):

@@ -104,21 +104,21 @@ def histogram_svg(h: Histogram, label: str, markers: Sequence[tuple[float, str]]
     return _svg(width, height, body, label)
 
 
-def shares_svg(b: Breakdown, width: int = 860) -> str:
+def shares_svg(b: Breakdown, width: int = 640) -> str:
     """One horizontal bar per row, split by key in proportion, with its count."""
-    label_w, count_w, row_h, legend_h = 200, 70, 22, 22 * math.ceil(len(b.keys) / 4)
+    label_w, count_w, row_h, legend_h = 170, 60, 22, 22 * math.ceil(len(b.keys) / 3)
     height = legend_h + 8 + row_h * len(b.rows) + 6
     plot_w = width - label_w - count_w
     colors = {k: color(i) for i, k in enumerate(b.keys)}
     body = [f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>']
     for i, key in enumerate(b.keys):
-        lx, ly = label_w + (i % 4) * (plot_w // 4), 6 + 22 * (i // 4)
+        lx, ly = label_w + (i % 3) * (plot_w // 3), 6 + 22 * (i // 3)
         body.append(f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{colors[key]}"/>')
         body.append(_text(lx + 16, ly + 10, _short(key, 24), size=11))
     for r, (name, counts) in enumerate(b.rows):
         y0 = legend_h + 8 + r * row_h
         total = sum(counts.values())
-        body.append(_text(label_w - 6, y0 + 14, _short(name, 30), "end"))
+        body.append(_text(label_w - 6, y0 + 14, _short(name, 26), "end"))
         x0 = float(label_w)
         for key in b.keys:
             n = counts.get(key, 0)
@@ -136,26 +136,26 @@ def shares_svg(b: Breakdown, width: int = 860) -> str:
     return _svg(width, height, body, f"by {b.by}")
 
 
-def hbars_svg(items: Sequence[tuple[str, float, str]], width: int = 860) -> str:
+def hbars_svg(items: Sequence[tuple[str, float, str]], width: int = 640) -> str:
     """One bar per (label, value, text)."""
-    label_w, text_w, row_h = 200, 150, 22
+    label_w, text_w, row_h = 150, 150, 22
     height = row_h * len(items) + 8
     top = max((v for _, v, _ in items), default=1.0) or 1.0
     plot_w = width - label_w - text_w
     body = [f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>']
     for r, (name, value, text) in enumerate(items):
         y0 = 4 + r * row_h
-        body.append(_text(label_w - 6, y0 + 14, _short(name, 30), "end"))
+        body.append(_text(label_w - 6, y0 + 14, _short(name, 22), "end"))
         body.append(f'<rect x="{label_w}" y="{y0 + 2}" width="{max(plot_w * value / top, 1):.1f}"'
                     f' height="{row_h - 5}" fill="{color(r)}"/>')
         body.append(_text(label_w + plot_w * value / top + 6, y0 + 14, text, size=11))
     return _svg(width, height, body, "bars")
 
 
-def lines_svg(series: Sequence[Series], y_label: str, width: int = 860, height: int = 280,
+def lines_svg(series: Sequence[Series], y_label: str, width: int = 640, height: int = 280,
               dashed: Sequence[bool] = ()) -> str:
     """Lines over seconds since the start (the axis in minutes when long)."""
-    left, right, top, bottom, legend = 56, 16, 30, 34, 22
+    left, right, top, bottom, legend = 56, 16, 8 + 16 * math.ceil(len(series) / 3), 34, 16
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [p[0] for s in series for p in s.points] or [0.0, 1.0]
     ys = [p[1] for s in series for p in s.points] or [1.0]
@@ -192,10 +192,10 @@ def lines_svg(series: Sequence[Series], y_label: str, width: int = 860, height: 
             path = " ".join(f"{x(px):.1f},{y(py):.1f}" for px, py in s.points)
             body.append(f'<polyline points="{path}" fill="none" stroke="{c}" '
                         f'stroke-width="2"{dash}/>')
-        lx = left + (i % 4) * (plot_w // 4)
-        ly = 6 + legend * (i // 4)
+        lx = left + (i % 3) * (plot_w // 3)
+        ly = 6 + legend * (i // 3)
         body.append(f'<rect x="{lx}" y="{ly + 3}" width="12" height="3" fill="{c}"/>')
-        body.append(_text(lx + 16, ly + 6, _short(s.name, 34), size=11))
+        body.append(_text(lx + 16, ly + 6, _short(s.name, 26), size=11))
     body.append(_text(left + plot_w / 2, height - 4,
                       f"{'minutes' if minutes else 'seconds'} since the run started", "middle",
                       10, "#666"))
@@ -276,15 +276,16 @@ def render(f: Figures) -> str:
             chart("throughput", "Output tokens/s per GPU",
                   lines_svg(t.throughput, "output tokens/s")
                   if any(len(s.points) for s in t.throughput) else None,
-                  "No throughput to show: the progress records hold fewer than two commits "
-                  "of any worker.", f"from {t.snapshots:,} progress records"),
+                  t.left_out or "No throughput to show: the progress records hold fewer than "
+                  "two commits of any worker.",
+                  f"from {t.snapshots:,} progress records" if t.snapshots else ""),
             chart("progress", "Answers so far against the plan",
                   lines_svg(t.progress, "answers",
                             dashed=[s.name.endswith(" plan") for s in t.progress])
                   if any(s.points for s in t.progress) else None,
-                  "No progress records of any worker.",
-                  "" if t.planned else "no prediction: the run was produced without --plan "
-                                       "or --estimate-rps"),
+                  t.left_out or "No progress records of any worker.",
+                  "" if t.planned or t.left_out or not t.progress else
+                  "no prediction: the run was produced without --plan or --estimate-rps"),
         ]),
         ("Conversations", [
             chart("turns", "User turns answered per conversation",
