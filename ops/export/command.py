@@ -7,7 +7,11 @@ dataset as training files.
    finished, or the dataset would still move.
 2. Stream each run's S3 objects (root first, key order), keep the lines whose
    prompt takes this run's result, convert them, and cut them into shards of
-   `--shard-records` with deterministic names.
+   `--shard-records` with deterministic names. A regenerate-turns lineage's
+   lines are conversations, a row each (`ops/export/conversations.py`); the
+   partial ones are left out unless `--include-partial`, and a shard covers
+   `--shard-records` accepted conversations, left out ones included, so the
+   plan still fixes every shard's name and stretch.
 3. After each shard, record it (size, SHA-256, per-run statistics) in
    `_export_progress.json`; at the end write the dataset card `README.md` and
    `manifest.json`, and drop the progress file.

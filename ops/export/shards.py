@@ -1,4 +1,6 @@
-"""Writing one shard: samples in, a staged file with its size and SHA-256 out.
+"""Writing one shard: samples (or conversations) in, a staged file with its
+size and SHA-256 out. A conversation that is not exported (a partial one,
+`conversations.exportable`) is counted as left out instead of written.
 
 JSONL shards stream each line to the file as it comes. Parquet shards hold
 one row group at a time (`ROW_GROUP_ROWS` rows or `ROW_GROUP_BYTES` of
