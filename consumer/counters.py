@@ -39,6 +39,12 @@ def _add_step(p: dict[str, Any], step: Step) -> None:
     _add_usage(p, step.usage, step.spec, step.latency_s)
 
 
+def generated_here(steps: tuple[Step, ...]) -> int:
+    """Steps this run generated: a redrive `--from-failed-turn` carries the
+    parent's (its conversation has a turn record out after its first own step)."""
+    return sum(1 for s in steps if not s.carried)
+
+
 def add_records(progress: ConsumerProgress, records: Iterable[CompletionRecord | TurnRecord],
                 retries: int = 0, now: float | None = None) -> ConsumerProgress:
     """New counters after committing `records` (pure: returns a new value)."""
@@ -46,16 +52,17 @@ def add_records(progress: ConsumerProgress, records: Iterable[CompletionRecord |
     for record in records:
         if isinstance(record, TurnRecord):
             _add_step(p, record.steps[-1])
-            p["turns_pending"] += 1 if len(record.steps) == 1 else 0
+            p["turns_pending"] += 1 if generated_here(record.steps) == 1 else 0
             continue
         if isinstance(record, Conversation):
             _add_step(p, record.steps[-1])
-            p["turns_pending"] -= 1 if len(record.steps) > 1 else 0
+            p["turns_pending"] -= 1 if generated_here(record.steps) > 1 else 0
             p["completions"] += 1
             p["by_category"] = _bump(p["by_category"], record.prompt.category)
             p["finish_reasons"] = _bump(p["finish_reasons"], record.steps[-1].finish_reason)
             continue
-        if isinstance(record, Failure) and record.step:
+        if isinstance(record, Failure) and record.step and \
+                record.step > len(record.steps) - generated_here(record.steps):
             p["turns_pending"] -= 1  # a conversation that had a turn record out
         if isinstance(record, Failure) and record.failure == "invalid":
             p["invalid"] += 1  # not a published prompt: not generated

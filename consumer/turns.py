@@ -22,6 +22,7 @@ import msgspec
 from consumer.tool_calls import calls_problem, dataset_answer, recorded_results, tool_message
 from schemas import Completion, Conversation, Failure, PromptRecord, Step, ToolCall
 from schemas.messages import Message
+from schemas.prompt import Resume
 from schemas.turn import TurnRecord
 from tokenmill.conversation import transcript, user_turns
 
@@ -54,8 +55,15 @@ class Position(msgspec.Struct, frozen=True):
 
 
 def position_of(item: PromptRecord | TurnRecord) -> Position:
+    """A turn record's position; a prompt's start, or (a redrive
+    `--from-failed-turn`) the failed step it resumes at, after the steps it
+    carries. The resume itself is not part of the conversation's prompt."""
     if isinstance(item, TurnRecord):
         return Position(item.prompt, item.steps, item.next_turn)
+    resume = item.resume
+    if isinstance(resume, Resume):
+        return Position(msgspec.structs.replace(item, resume=msgspec.UNSET), resume.steps,
+                        resume.next_turn)
     return Position(item)
 
 

@@ -14,7 +14,8 @@ from typing import TypeVar
 
 import msgspec
 
-from schemas import Failure, PromptRecord, RunSpec
+from schemas import Failure, Message, PromptRecord, RunSpec, Step
+from schemas.prompt import Resume
 from schemas.raw import capture
 from schemas.turn import TurnRecord
 from tokenmill.conversation import user_turns
@@ -47,7 +48,25 @@ def check_prompt(value: bytes | None, owner: str) -> PromptRecord | str:
         return f"a prompt of run {prompt.run!r} in the prompts topic of run {owner!r}"
     if not prompt.messages:
         return "a prompt with no messages"
+    if isinstance(prompt.resume, Resume):
+        problem = steps_problem(prompt.messages, prompt.resume.steps, prompt.resume.next_turn)
+        if problem is not None:
+            return "a resumed conversation: " + problem
     return prompt
+
+
+def steps_problem(dataset: tuple[Message, ...], steps: tuple[Step, ...],
+                  next_turn: int) -> str | None:
+    """What is wrong with a conversation's steps before user turn
+    `next_turn` (they answer turns 0, 1, ... in order, none past it), if anything."""
+    users = user_turns(dataset)
+    turns = [s.turn for s in steps]
+    if not steps or not 0 <= next_turn < users:
+        return f"no steps, or next turn {next_turn} of {users}"
+    if turns != sorted(turns) or turns[0] != 0 or turns[-1] > next_turn or \
+            any(b - a > 1 for a, b in zip(turns, turns[1:])) or next_turn - turns[-1] > 1:
+        return f"steps answer turns {turns} before turn {next_turn}"
+    return None
 
 
 def invalid_record(spec: RunSpec, *, topic: str, partition: int, offset: int,
@@ -77,11 +96,7 @@ def check_turn(value: bytes | None, spec: RunSpec) -> TurnRecord | str:
     if record.settings_hash != spec.settings_hash:
         return (f"a turn record made with settings {record.settings_hash}, the run's are "
                 f"{spec.settings_hash}")
-    users = user_turns(record.prompt.messages)
-    turns = [s.turn for s in record.steps]
-    if not record.steps or not 0 <= record.next_turn < users:
-        return f"a turn record with no steps or next turn {record.next_turn} of {users}"
-    if turns != sorted(turns) or turns[0] != 0 or turns[-1] > record.next_turn or \
-            any(b - a > 1 for a, b in zip(turns, turns[1:])) or record.next_turn - turns[-1] > 1:
-        return f"a turn record whose steps answer turns {turns} before turn {record.next_turn}"
+    problem = steps_problem(record.prompt.messages, record.steps, record.next_turn)
+    if problem is not None:
+        return f"a turn record with {problem}"
     return record

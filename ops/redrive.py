@@ -28,14 +28,16 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
+from ops.resume import resumed_prompt
 from producer.errors import ProducerError
 from producer.ids import SeenIds
 from producer.pipeline import prepare, run_lock, state_dir
 from producer.publisher import Publisher, PublishPlan
 from producer.records import prefix
 from producer.spool import ID_BYTES, SpoolWriter
-from schemas import Origin, PromptRecord, RunSpec
+from schemas import CompletionRecord, Origin, PromptRecord, RunSpec
 from schemas.dlq import HEADER_REASON
+from schemas.prompt import Resume
 from schemas.run import DLQ_REASONS
 from tokenmill.kafka import committed, topics
 from tokenmill.log import get_logger
@@ -85,7 +87,16 @@ class _Letter(msgspec.Struct):
     record: _Prompted
 
 
+class _WholeLetter(msgspec.Struct):
+    """A dead letter with its whole record: a conversation's steps."""
+
+    id: str
+    reason: str
+    record: CompletionRecord
+
+
 _letter = msgspec.json.Decoder(_Letter)
+_whole_letter = msgspec.json.Decoder(_WholeLetter)
 
 
 @dataclass
@@ -97,6 +108,7 @@ class Spooled:
     by_source: Counter[str] = field(default_factory=Counter)
     by_reason: Counter[str] = field(default_factory=Counter)
     duplicates: int = 0
+    resumed: int = 0  # conversations resumed at their failed step (--from-failed-turn)
 
     @property
     def total(self) -> int:
@@ -104,11 +116,12 @@ class Spooled:
 
 
 def spool_dead_letters(letters: Any, reasons: tuple[str, ...], run_id: str,
-                       spool: SpoolWriter) -> Spooled:
+                       spool: SpoolWriter, resume_from: RunSpec | None = None) -> Spooled:
     """Write each (reason header, DLQ value) with a chosen reason to the spool
     as a prompt of `run_id`, first occurrence of each id only. Buckets are
     numbered in order of first appearance, so the same letters in the same
-    order give the same spool."""
+    order give the same spool. `resume_from` (the parent's spec, for
+    `--from-failed-turn`): each conversation resumes at its failed step."""
     out = Spooled()
     buckets: dict[tuple[str, str], int] = {}
     seen = SeenIds()
@@ -116,10 +129,16 @@ def spool_dead_letters(letters: Any, reasons: tuple[str, ...], run_id: str,
     for reason, value in letters:
         if reason is not None and reason not in wanted:
             continue
-        letter = _letter.decode(value)
+        letter: _Letter | _WholeLetter = (_letter if resume_from is None
+                                          else _whole_letter).decode(value)
         if letter.reason not in wanted:
             continue
         prompt = letter.record.prompt
+        if isinstance(letter, _WholeLetter):
+            assert resume_from is not None
+            prompt = resumed_prompt(letter.record, resume_from)
+            if isinstance(prompt.resume, Resume):
+                out.resumed += 1
         try:
             key = int(prompt.id, 16) if len(prompt.id) == ID_BYTES else -1
         except ValueError:
@@ -161,13 +180,17 @@ class RedriveOutcome:
 
 
 def run_redrive(settings: Settings, parent_id: str, run_id: str, generation: dict[str, Any],
-                reasons: tuple[str, ...], *, transaction_records: int = 20_000,
+                reasons: tuple[str, ...], *, from_failed_turn: bool = False,
+                transaction_records: int = 20_000,
                 show_progress: bool | None = None, out: Console | None = None,
                 err: Console | None = None) -> RedriveOutcome:
     out = out or Console()
     err = err or Console(stderr=True)
     registry = RunRegistry(settings)
     parent = registry.get(parent_id)
+    if from_failed_turn and parent.multi_turn != "regenerate-turns":
+        raise RedriveRefused(f"--from-failed-turn resumes conversations: run {parent_id!r} "
+                             f"is a {parent.multi_turn} run, not regenerate-turns")
     spec = redrive_spec(parent, run_id, generation, reasons)
     parent_state = read_run_progress(settings, parent_id)
     if not parent_state.sink_done:
@@ -189,7 +212,7 @@ def run_redrive(settings: Settings, parent_id: str, run_id: str, generation: dic
             spool = SpoolWriter(directory / "spool")
             try:
                 spooled = spool_dead_letters(_letters(settings, parent_id), reasons, run_id,
-                                             spool)
+                                             spool, parent if from_failed_turn else None)
             finally:
                 spool.close()
             log.info("dead letters read", parent=parent_id, prompts=spooled.total,

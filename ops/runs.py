@@ -124,13 +124,17 @@ def replay(settings: Settings, run_id: str, parent_id: str, model: str | None,
               help="The finished run whose dead letters to regenerate.")
 @click.option("--reasons", required=True,
               help=f"Comma list of DLQ reasons to redrive ({','.join(sorted(DLQ_REASONS))}).")
+@click.option("--from-failed-turn", is_flag=True,
+              help="regenerate-turns runs: resume each conversation at the step that failed, "
+                   "carrying the turns the parent generated before it (none generated twice).")
 @generation_options
 @click.option("--transaction-records", type=click.IntRange(min=1), default=20_000,
               show_default=True, help="Prompts per Kafka transaction at most.")
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
 @service_command
-def redrive(settings: Settings, run_id: str, parent_id: str, reasons: str, model: str | None,
+def redrive(settings: Settings, run_id: str, parent_id: str, reasons: str,
+            from_failed_turn: bool, model: str | None,
             max_tokens: int | None, temperature: float | None, top_p: float | None,
             top_k: int | None, seed: int | None, thinking: bool | None,
             transaction_records: int, show_progress: bool | None) -> None:
@@ -141,9 +145,15 @@ def redrive(settings: Settings, run_id: str, parent_id: str, reasons: str, model
     run the same command again after a crash and it resumes. Unset generation
     flags keep the parent's value. Redrives chain: redrive a redrive.
 
+    A regenerate-turns run's dead letters are conversations: each is generated
+    again from its first turn, or with --from-failed-turn from the step that
+    failed, after the turns the parent generated before it (carried as they
+    are: they were the model's own).
+
     \b
     Example:
       tokenmill runs redrive r1-8k --parent r1 --reasons length --max-tokens 8192
+      tokenmill runs redrive chats-2 --parent chats --reasons failed,length --from-failed-turn
       tokenmill consume --run r1-8k --sglang-url http://127.0.0.1:30000
     """
     try:
@@ -153,9 +163,12 @@ def redrive(settings: Settings, run_id: str, parent_id: str, reasons: str, model
     generation = generation_changes(model, max_tokens, temperature, top_p, top_k, seed, thinking)
     out = Console() if Console().is_terminal else Console(width=160)
     outcome = run_redrive(settings, parent_id, run_id, generation, chosen,
+                          from_failed_turn=from_failed_turn,
                           transaction_records=transaction_records, show_progress=show_progress,
                           out=out)
     if outcome.spooled is not None:
         counts = ", ".join(f"{r} {n:,}" for r, n in sorted(outcome.spooled.by_reason.items()))
+        resumed = (f"; {outcome.spooled.resumed:,} resume at their failed turn"
+                   if from_failed_turn else "")
         out.print(f"run {run_id} redrives {outcome.total:,} prompts of {parent_id} ({counts}) "
-                  f"with settings {outcome.spec.settings_hash}")
+                  f"with settings {outcome.spec.settings_hash}{resumed}")

@@ -14,25 +14,12 @@ from typing import Literal
 
 import msgspec
 
-from schemas.messages import Message, ToolCall
+from schemas.messages import ToolCall
 from schemas.prompt import PromptRecord
 from schemas.raw import RawRecord
-
-
-class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    cached_tokens: int = 0
-
-
-class SpecStats(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Per-request speculative decoding stats (SGLang `meta_info`)."""
-
-    accept_length: float | None = None
-    verify_ct: int | None = None
-    draft_tokens: int | None = None
-    accepted_tokens: int | None = None
+from schemas.step import SpecStats as SpecStats
+from schemas.step import Step as Step
+from schemas.step import Usage as Usage
 
 
 class Completion(msgspec.Struct, frozen=True, tag="completion", tag_field="kind"):
@@ -52,27 +39,6 @@ class Completion(msgspec.Struct, frozen=True, tag="completion", tag_field="kind"
     instance: str = ""
     model: str = ""
     v: int = 1
-
-
-class Step(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One generated assistant message of a `regenerate-turns` conversation.
-
-    `turn` is the user turn it answers (0-based); a turn that calls tools has
-    several steps. `tool_results` are the tool messages spliced in after it."""
-
-    turn: int
-    finish_reason: str
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: tuple[ToolCall, ...] | None = None
-    tool_results: tuple[Message, ...] = ()
-    matched_stop: int | str | None = None
-    usage: Usage = Usage()
-    spec: SpecStats = SpecStats()
-    latency_s: float = 0.0
-    attempts: int = 1
-    instance: str = ""
-    model: str = ""
 
 
 # How a conversation ended: every user turn answered, or a tool call the

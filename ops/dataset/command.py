@@ -29,6 +29,12 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
+def unit_of(found: Lineage) -> str:
+    """What the lineage's prompts are: a regenerate-turns run's are conversations."""
+    return ("conversations" if found.specs[0].multi_turn == "regenerate-turns"
+            else "prompts")
+
+
 def report(found: Lineage, summary: DatasetSummary) -> dict[str, Any]:
     """The numbers (pure: `--json` prints them, `render` shows them)."""
     parts = []
@@ -45,7 +51,7 @@ def report(found: Lineage, summary: DatasetSummary) -> dict[str, Any]:
                for (run, reason), count in sorted(summary.without.items(),
                                                   key=lambda kv: (-kv[1], kv[0]))]
     return {
-        "run": found.specs[-1].run_id, "root": found.specs[0].run_id,
+        "run": found.specs[-1].run_id, "root": found.specs[0].run_id, "unit": unit_of(found),
         "prompts": summary.prompts, "with_result": summary.covered_low,
         "with_result_at_most": summary.covered_high, "exact": summary.exact,
         "complete": found.complete, "parts": parts, "without_result": without,
@@ -71,18 +77,20 @@ def render(found: Lineage, r: dict[str, Any]) -> Group:
                       "on" if g["enable_thinking"] else "off", p["settings_hash"],
                       f"{p['prompts']:,}", f"{p['results']:,}",
                       _pct(p["results"], r["prompts"]), rejected)
-    missing = Table(title="prompts without an accepted result, by their last word", expand=True)
-    for column in ("last run", "reason", "prompts", "examples"):
-        missing.add_column(column, justify="right" if column == "prompts" else "left")
+    missing = Table(title=f"{r['unit']} without an accepted result, by their last word",
+                    expand=True)
+    for column in ("last run", "reason", r["unit"], "examples"):
+        missing.add_column(column, justify="right" if column == r["unit"] else "left")
     for w in r["without_result"]:
         missing.add_row(w["run"], w["reason"], f"{w['prompts']:,}", " ".join(w["examples"]))
     covered = (f"{r['with_result']:,}" if r["exact"]
                else f"{r['with_result']:,}-{r['with_result_at_most']:,}")
-    verdict = (f"{covered} of {r['prompts']:,} prompts have an accepted result "
+    verdict = (f"{covered} of {r['prompts']:,} {r['unit']} have an accepted result "
                f"({_pct(r['with_result'], r['prompts'])})"
                + ("" if r["complete"] else "; runs in progress: counts will move"))
     items: list[Any] = [header, parts, missing if r["without_result"] else
-                        "[green]every prompt has an accepted result[/]", verdict]
+                        f"[green]every one of the {r['unit']} has an accepted result[/]",
+                        verdict]
     for message, count in r["anomalies"].items():
         items.append(f"[red]inconsistent:[/] {message} ({count:,})")
     return Group(*items)

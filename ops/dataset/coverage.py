@@ -1,5 +1,6 @@
-"""Lineage coverage for `tokenmill status`: of the root's prompts, how many
-have an accepted result in some run of the lineage.
+"""Lineage coverage for `tokenmill status`: of the root's prompts (a
+regenerate-turns lineage's conversations), how many have an accepted result
+in some run of the lineage.
 
 A redrive's prompts are dead letters of its parent, so they have no accepted
 result anywhere above it: along a chain of redrives the runs' committed S3
@@ -36,7 +37,9 @@ def lineage_coverage(settings: Settings, run_id: str) -> dict[str, Any] | None:
     if bounds is None:
         summary = build_index(settings, found).summary()
         bounds = summary.covered_low, summary.covered_high
+    unit = "conversations" if found.specs[0].multi_turn == "regenerate-turns" else "prompts"
     return {"runs": [s.run_id for s in found.specs], "prompts": found.facts[0].prompts,
+            "unit": unit,
             "with_result": bounds[0], "with_result_at_most": bounds[1],
             "complete": found.complete}
 
@@ -47,5 +50,6 @@ def coverage_line(coverage: dict[str, Any]) -> str:
     low, high, total = coverage["with_result"], coverage["with_result_at_most"], coverage["prompts"]
     share = f"{100 * low / total:.1f}%" if total else "-"
     count = f"{low:,}" if low == high else f"{low:,}-{high:,}"
-    return (f"lineage coverage ({' → '.join(coverage['runs'])}): {count} of {total:,} prompts "
+    unit = coverage.get("unit", "prompts")
+    return (f"lineage coverage ({' → '.join(coverage['runs'])}): {count} of {total:,} {unit} "
             f"have an accepted result ({share}){'' if coverage['complete'] else ', in progress'}")

@@ -7,7 +7,11 @@ dataset as training files.
    finished, or the dataset would still move.
 2. Stream each run's S3 objects (root first, key order), keep the lines whose
    prompt takes this run's result, convert them, and cut them into shards of
-   `--shard-records` with deterministic names.
+   `--shard-records` with deterministic names. A regenerate-turns lineage's
+   lines are conversations, a row each (`ops/export/conversations.py`); the
+   partial ones are left out unless `--include-partial`, and a shard covers
+   `--shard-records` accepted conversations, left out ones included, so the
+   plan still fixes every shard's name and stretch.
 3. After each shard, record it (size, SHA-256, per-run statistics) in
    `_export_progress.json`; at the end write the dataset card `README.md`,
    the report's page and numbers (`report.html`, `report.json`: `tokenmill
@@ -35,7 +39,7 @@ from rich.console import Console
 from ops.dataset.index import DatasetSummary, LineageIndex
 from ops.dataset.lineage import LineageError, kind_of
 from ops.dataset.sources import Lineage, build_index, load_lineage, s3_location
-from ops.export import card, formats, manifest, source
+from ops.export import card, conversations, formats, manifest, source
 from ops.export.destination import BadDestination, Destination, open_destination
 from ops.export.manifest import Manifest, Part, Plan, Shard
 from ops.export.shards import ShardWriter, open_shard
@@ -65,8 +69,20 @@ class ExportFailed(RuntimeError):
 register_known_error(ExportRefused, ExportFailed, LineageError, BadDestination)
 
 
-def plan_export(found: Lineage, summary: DatasetSummary, fmt: str, shard_records: int) -> Plan:
+def conversation_lineage(found: Lineage) -> bool:
+    """Are the lineage's results conversations (regenerate-turns runs)? All
+    or none: a shard holds one kind of row."""
+    kinds = {spec.multi_turn == "regenerate-turns" for spec in found.specs}
+    if len(kinds) > 1:
+        raise ExportRefused("the lineage mixes regenerate-turns runs with others: "
+                            + ", ".join(f"{s.run_id} ({s.multi_turn})" for s in found.specs))
+    return kinds.pop()
+
+
+def plan_export(found: Lineage, summary: DatasetSummary, fmt: str, shard_records: int,
+                include_partial: bool = False) -> Plan:
     """Everything the exported bytes depend on (pure)."""
+    conversations = conversation_lineage(found)
     parts = tuple(
         Part(run=spec.run_id, kind=kind_of(spec), parent=spec.parent_run,
              reasons=spec.origin.reasons, settings_hash=spec.settings_hash,
@@ -74,7 +90,8 @@ def plan_export(found: Lineage, summary: DatasetSummary, fmt: str, shard_records
         for spec, tally in zip(found.specs, summary.runs))
     records = sum(p.records for p in parts)
     return Plan(format=fmt, root=found.specs[0].run_id, parts=parts, records=records,
-                shard_records=shard_records, without_result=summary.prompts - records)
+                shard_records=shard_records, without_result=summary.prompts - records,
+                conversations=conversations, include_partial=conversations and include_partial)
 
 
 def sample_id(line: bytes) -> str:
@@ -124,8 +141,8 @@ def _resume_point(dest: Destination, plan: Plan) -> Manifest | None:
 
 
 def run_export(settings: Settings, run_id: str, fmt: str, out: str, *,
-               shard_records: int = DEFAULT_SHARD_RECORDS, show_progress: bool | None = None,
-               err: Console | None = None) -> ExportOutcome:
+               shard_records: int = DEFAULT_SHARD_RECORDS, include_partial: bool = False,
+               show_progress: bool | None = None, err: Console | None = None) -> ExportOutcome:
     err = err or Console(stderr=True)
     if fmt == "parquet":
         try:
@@ -142,7 +159,7 @@ def run_export(settings: Settings, run_id: str, fmt: str, out: str, *,
         if summary.anomalies:
             raise ExportRefused("the lineage's dead letters are inconsistent: " + "; ".join(
                 f"{m} ({n:,})" for m, n in summary.anomalies.items()))
-        plan = plan_export(found, summary, fmt, shard_records)
+        plan = plan_export(found, summary, fmt, shard_records, include_partial)
         current = _resume_point(dest, plan)
         if current is None:
             return ExportOutcome(manifest.decode(dest.read(manifest.MANIFEST) or b""), 0,
@@ -176,7 +193,7 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
     plan = current.plan
     client = make_client(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
     clean = index.clean_winner()
-    skip = current.records_done
+    skip = current.results_done
     seq = 0  # position in the dataset's order
     emitted: Counter[str] = Counter()
     read_from: list[str] = []
@@ -188,6 +205,8 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
         for j, spec in enumerate(found.specs):
             bucket, prefix = s3_location(settings, spec)
             keys = source.object_keys(client, bucket, prefix, spec.run_id)
+            decode = (conversations.decode if spec.multi_turn == "regenerate-turns"
+                      else formats.decode)
             read_from.append(f"s3://{bucket}/{prefix} ({len(keys):,} objects)")
             for line in source.lines(client, bucket, keys):
                 if index.winner(sample_id(line), clean) != j:
@@ -198,9 +217,10 @@ def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Ma
                     continue
                 if writer is None:
                     name = plan.shard_name(len(current.shards))
-                    writer = open_shard(dest.staging(name), plan.format)
-                writer.add(formats.decode(line))
-                if writer.records == plan.shard_records:
+                    writer = open_shard(dest.staging(name), plan.format, plan.conversations,
+                                        plan.include_partial)
+                writer.add(decode(line))
+                if writer.results == plan.shard_records:
                     _seal(writer, current, dest)
                     writer = None
                     written += 1
@@ -229,7 +249,8 @@ def _seal(writer: ShardWriter, current: Manifest, dest: Destination) -> None:
     # Written, not yet recorded in the progress file: a resume rewrites it.
     crashpoints.reached("export.shard_written", len(current.shards) + 1)
     current.shards.append(Shard(name=name, records=writer.records, bytes=size, sha256=digest,
-                                runs=dict(sorted(writer.runs.items()))))
+                                runs=dict(sorted(writer.runs.items())),
+                                left_out=writer.left_out))
     dest.write(manifest.PROGRESS, manifest.encode(current))
 
 
@@ -240,12 +261,16 @@ def _seal(writer: ShardWriter, current: Manifest, dest: Destination) -> None:
                    "specforge (SpecForge's JSONL, reasoning in <think>), parquet.")
 @click.option("--out", required=True, help="A directory, or s3://bucket/prefix.")
 @click.option("--shard-records", type=click.IntRange(min=1), default=DEFAULT_SHARD_RECORDS,
-              show_default=True, help="Samples per shard file.")
+              show_default=True, help="Samples (or conversations) per shard file.")
+@click.option("--include-partial", is_flag=True,
+              help="regenerate-turns runs: export tool_unresolved and tool_limit "
+                   "conversations up to their last complete turn (left out by default; "
+                   "counted either way).")
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
 @service_command
 def export(settings: Settings, run_id: str, fmt: str, out: str, shard_records: int,
-           show_progress: bool | None) -> None:
+           include_partial: bool, show_progress: bool | None) -> None:
     """Write the dataset of RUN_ID's lineage as training files.
 
     For every prompt of the lineage's root, the accepted result of the newest
@@ -254,14 +279,21 @@ def export(settings: Settings, run_id: str, fmt: str, out: str, shard_records: i
     the dataset card. Exporting again gives identical bytes; a killed export
     run again resumes after its last finished shard.
 
+    A regenerate-turns lineage exports one row per conversation, every
+    assistant turn the model's own with its reasoning and tool calls, tool
+    results in the format's tool role. Conversations that ended on an
+    unanswered tool call or the tool-round limit are left out unless
+    --include-partial, which keeps them up to their last complete turn.
+
     \b
     Examples:
       tokenmill export r1-16k --format specforge --out data/r1/
       tokenmill export r1 --format parquet --out s3://my-data/exports/r1/
+      tokenmill export chats --format openai --out data/chats/ --include-partial
     """
     tune_gc()
     outcome = run_export(settings, run_id, fmt, out, shard_records=shard_records,
-                         show_progress=show_progress)
+                         include_partial=include_partial, show_progress=show_progress)
     plan = outcome.manifest.plan
     where = out.rstrip("/")
     if outcome.already_done:
@@ -270,6 +302,20 @@ def export(settings: Settings, run_id: str, fmt: str, out: str, shard_records: i
         return
     resumed = (f", resumed after {outcome.resumed_after} shard(s) already in place"
                if outcome.resumed_after else "")
-    click.echo(f"exported {plan.records:,} samples of {' → '.join(p.run for p in plan.parts)} "
-               f"as {fmt}: {plan.shards} shard(s) at {where}{resumed}; manifest.json, README.md "
-               f"({plan.without_result:,} prompts without an accepted result)")
+    click.echo(f"exported {what_was_exported(outcome.manifest)} of "
+               f"{' → '.join(p.run for p in plan.parts)} as {fmt}: {plan.shards} shard(s) at "
+               f"{where}{resumed}; manifest.json, README.md ({plan.without_result:,} prompts "
+               "without an accepted result)")
+
+
+def what_was_exported(done: Manifest) -> str:
+    """"1,200 samples", or for conversations their rows and the partial ones."""
+    plan = done.plan
+    if not plan.conversations:
+        return f"{plan.records:,} samples"
+    totals = done.totals().values()
+    rows = sum(t.records for t in totals)
+    cut = sum(t.partial for t in totals)
+    left_out = sum(t.left_out for t in totals)
+    return (f"{rows:,} conversations ({sum(t.turns for t in totals):,} generated turns; "
+            f"partial: {cut:,} up to their last complete turn, {left_out:,} left out)")

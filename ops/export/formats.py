@@ -106,20 +106,20 @@ def _rendered(sample: TrainingSample) -> list[tuple[str, str]]:
     return turns
 
 
-class _ShareGPTTurn(msgspec.Struct):
+class ShareGPTTurn(msgspec.Struct):
     from_: str = msgspec.field(name="from")
     value: str = ""
 
 
-class _ShareGPT(msgspec.Struct):
+class ShareGPT(msgspec.Struct):
     id: str
-    conversations: list[_ShareGPTTurn]
+    conversations: list[ShareGPTTurn]
     tools: str
 
 
 def sharegpt_line(sample: TrainingSample) -> bytes:
-    turns = [_ShareGPTTurn(SHAREGPT_ROLES[role], text) for role, text in _rendered(sample)]
-    return _encoder.encode(_ShareGPT(sample.id, turns, tools_json(sample.tools))) + b"\n"
+    turns = [ShareGPTTurn(SHAREGPT_ROLES[role], text) for role, text in _rendered(sample)]
+    return _encoder.encode(ShareGPT(sample.id, turns, tools_json(sample.tools))) + b"\n"
 
 
 class _Turn(msgspec.Struct):
@@ -141,13 +141,20 @@ def specforge_line(sample: TrainingSample) -> bytes:
 # -- parquet -----------------------------------------------------------------------------
 
 
+def parquet_call_type() -> Any:
+    """A tool call as a Parquet struct (`schemas.messages.ToolCall`)."""
+    import pyarrow as pa
+
+    return pa.struct([("id", pa.string()), ("type", pa.string()),
+                      ("function", pa.struct([("name", pa.string()),
+                                              ("arguments", pa.string())]))])
+
+
 def parquet_schema() -> Any:
     """pyarrow is an optional dependency (the `parquet` extra): imported here."""
     import pyarrow as pa
 
-    call = pa.struct([("id", pa.string()), ("type", pa.string()),
-                      ("function", pa.struct([("name", pa.string()),
-                                              ("arguments", pa.string())]))])
+    call = parquet_call_type()
     message = pa.struct([("role", pa.string()), ("content", pa.string()),
                          ("tool_calls", pa.list_(call)), ("tool_call_id", pa.string()),
                          ("name", pa.string())])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import msgspec
 
 from schemas import GenerationSettings, TrainingSample
+from schemas.sample import ConversationSample
 
 MANIFEST = "manifest.json"
 PROGRESS = "_export_progress.json"
@@ -35,9 +36,13 @@ class Plan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: str
     root: str
     parts: tuple[Part, ...]  # root first
-    records: int
-    shard_records: int
+    records: int  # accepted results (samples, or conversations) the lineage gives
+    shard_records: int  # accepted results per shard
     without_result: int  # root prompts no run has an accepted result for
+    # regenerate-turns lineages: a row per conversation, and whether the
+    # partial ones (`tool_unresolved`, `tool_limit`) are exported cut.
+    conversations: bool = False
+    include_partial: bool = False
 
     @property
     def shards(self) -> int:
@@ -58,6 +63,26 @@ class RunStats(msgspec.Struct, forbid_unknown_fields=True):
     spec_tokens: int = 0  # completion tokens of samples that report an accept length
     accept_weighted: float = 0.0  # sum of accept length x completion tokens
     models: dict[str, int] = {}  # samples by the model name the server reported
+    # Conversations: generated steps in the rows, partial conversations
+    # exported up to their last complete turn, and those left out.
+    turns: int = 0
+    partial: int = 0
+    left_out: int = 0
+
+    def add_conversation(self, sample: ConversationSample, cut: bool) -> None:
+        """A conversation's row (`cut`: a partial one, up to its last complete turn)."""
+        self.records += 1
+        self.partial += cut
+        self.models[sample.model] = self.models.get(sample.model, 0) + 1
+        for step in sample.steps:
+            usage = step.usage
+            self.turns += 1
+            self.prompt_tokens += usage.prompt_tokens
+            self.completion_tokens += usage.completion_tokens
+            self.reasoning_tokens += usage.reasoning_tokens
+            if step.spec.accept_length is not None:
+                self.spec_tokens += usage.completion_tokens
+                self.accept_weighted += step.spec.accept_length * usage.completion_tokens
 
     def add(self, sample: TrainingSample) -> None:
         usage = sample.usage
@@ -87,10 +112,13 @@ class RunStats(msgspec.Struct, forbid_unknown_fields=True):
 
 class Shard(msgspec.Struct, forbid_unknown_fields=True):
     name: str
-    records: int
+    records: int  # rows
     bytes: int
     sha256: str
     runs: dict[str, RunStats]  # by run of origin
+    # Accepted conversations of this shard's stretch without a row (partial
+    # ones, left out): a shard covers `records + left_out` accepted results.
+    left_out: int = 0
 
 
 class Manifest(msgspec.Struct, forbid_unknown_fields=True):
@@ -102,6 +130,11 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True):
     @property
     def records_done(self) -> int:
         return sum(s.records for s in self.shards)
+
+    @property
+    def results_done(self) -> int:
+        """Accepted results the finished shards cover (rows and left out)."""
+        return sum(s.records + s.left_out for s in self.shards)
 
     def totals(self) -> dict[str, RunStats]:
         """Per run, over the finished shards, in lineage order."""

@@ -226,6 +226,12 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
     assert json.loads(status.stdout)["conversations"] == {
         "turns": len(requested), "finished": CONVERSATIONS, "failed": 0, "in_progress": 0,
         "not_started": 0}
+    # The run exported in every format: each conversation once, every
+    # assistant message the stored step (tests/dataset/test_conversations_e2e.py).
+    from tests.dataset.test_conversations_e2e import check_exports, runner
+
+    check_exports(runner(env), tmp_path, run_id, {line["id"]: line for line in lines}, 0,
+                  CONVERSATIONS)
     print(f"kills: w0 in a commit at turns/completions {at_kill0}, w1 at {at_kill1}; "
           f"{len(requested)} steps, {redone} requests redone after kills; "
           f"{len(lines)} conversations in S3, {len(dlq)} dead-lettered")

@@ -11,13 +11,18 @@ import os
 import re
 import signal
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import msgspec
 import pytest
 from click.testing import CliRunner
 
+from devstack import processes, s3_server
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
 from tests.consumer.pipeline import (
@@ -198,14 +203,46 @@ def wait_for_s3_warning(settings: Settings, run_id: str, stall_s: float, sink_lo
                              f"{sink_log.read_text()[-3000:]}") from None
 
 
-def s3_freeze_run(private_stack: Any, tmp_path: Path, n: int, decode_rate: float,
+class OwnS3(msgspec.Struct):
+    """An S3 server of the test's own (moto), for the test to freeze; Kafka
+    stays the session's, so no broker starts for it."""
+
+    url: str
+    pid: int
+
+
+@pytest.fixture
+def own_s3(tmp_path: Path) -> Iterator[OwnS3]:
+    port = processes.free_port()
+    pid = processes.spawn(s3_server.command("127.0.0.1", port), tmp_path / "s3.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(url), 60, "the test's own S3 server answering")
+        yield OwnS3(url, pid)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        processes.stop_all([pid])
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+    except urllib.error.HTTPError:
+        return True  # an answer
+    except OSError:
+        return False
+    return True
+
+
+def s3_freeze_run(settings: Settings, s3: OwnS3, n: int, decode_rate: float,
                   published: int | None = None
-                  ) -> tuple[Any, Settings, str, list[Any], SimulatorProcess, Publisher]:
-    """A stack of the test's own (its S3 server is frozen by the test), a run
-    of n prompts on 2 partitions of which `published` (all by default) are
-    published, their publisher, and a simulator not started yet."""
-    stack = private_stack()
-    settings = stack.settings(state_dir=tmp_path / "state")
+                  ) -> tuple[Settings, str, list[Any], SimulatorProcess, Publisher]:
+    """The session's Kafka with an S3 server of the test's own (frozen by the
+    test), a run of n prompts on 2 partitions of which `published` (all by
+    default) are published, their publisher, and a simulator not started yet."""
+    settings = msgspec.structs.replace(settings, s3_endpoint_url=s3.url)
+    boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1").create_bucket(
+        Bucket=settings.s3_bucket)
     run_id = f"t{os.urandom(6).hex()}"
     spec = create_run(settings, run_id, partitions=2, max_tokens=256)
     prompts = make_prompts(run_id, n)
@@ -213,7 +250,7 @@ def s3_freeze_run(private_stack: Any, tmp_path: Path, n: int, decode_rate: float
     publisher.to(n if published is None else published)
     sim = SimulatorProcess(SimulatorConfig(decode_rate=decode_rate, length_median=40,
                                            length_max=80, prefill_rate=0))
-    return stack, settings, run_id, prompts, sim, publisher
+    return settings, run_id, prompts, sim, publisher
 
 
 def thaw_and_finish(s3_pid: int, sink: Any, worker: ConsumerProcess, sink_log: Path) -> bool:
@@ -235,12 +272,12 @@ def stop_all(frozen_pid: int | None, worker: ConsumerProcess | None, sink: Any,
     sim.terminate()
 
 
-def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> None:
+def test_a_frozen_s3_server_shows_as_a_sink_problem(settings, own_s3, tmp_path) -> None:
     # The run is held unfinished: a third of its prompts go out first, the rest
     # once S3 is frozen, so the sink has records to upload while it is.
-    stack, settings, run_id, prompts, sim, publisher = s3_freeze_run(
-        private_stack, tmp_path, 300, 400.0, published=100)
-    s3_pid = stack.state.s3.pid
+    settings, run_id, prompts, sim, publisher = s3_freeze_run(
+        settings, own_s3, 300, 400.0, published=100)
+    s3_pid = own_s3.pid
     frozen = False
     worker = None
     sink = None
@@ -250,7 +287,7 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
                                  "--heartbeat-interval", str(HEARTBEAT_S),
                                  "--until-done").start()
         sink_log = tmp_path / "sink.log"
-        env = sink_env(settings, **stack.env())
+        env = sink_env(settings)
         sink = start_sink(settings, run_id, "--instance", "s0", "--batch-size", "10",
                           "--max-batch-age", "0.5", "--heartbeat-interval", str(HEARTBEAT_S),
                           "--until-done", log_path=sink_log, env=env)
@@ -275,14 +312,14 @@ def test_a_frozen_s3_server_shows_as_a_sink_problem(private_stack, tmp_path) -> 
     assert code == 0 and "complete" in output, output
 
 
-def test_s3_frozen_before_a_partitions_first_record_leaves_the_sink_alive(private_stack,
+def test_s3_frozen_before_a_partitions_first_record_leaves_the_sink_alive(settings, own_s3,
                                                                           tmp_path) -> None:
     """A partition's first record makes the sink ask S3 which objects an
     earlier owner left. That lookup must not hold the sink's loop: with S3
     frozen from before the first record, the sink keeps its heartbeat and
     `status` shows an S3 call in flight, not a dead sink."""
-    stack, settings, run_id, prompts, sim, _ = s3_freeze_run(private_stack, tmp_path, 60, 400.0)
-    s3_pid = stack.state.s3.pid
+    settings, run_id, prompts, sim, _ = s3_freeze_run(settings, own_s3, 60, 400.0)
+    s3_pid = own_s3.pid
     frozen = False
     worker = None
     sink = None
@@ -292,7 +329,7 @@ def test_s3_frozen_before_a_partitions_first_record_leaves_the_sink_alive(privat
         sink = start_sink(settings, run_id, "--instance", "s0", "--batch-size", "10",
                           "--max-batch-age", "0.5", "--heartbeat-interval", str(HEARTBEAT_S),
                           "--until-done", log_path=sink_log,
-                          env=sink_env(settings, **stack.env()))
+                          env=sink_env(settings))
         wait_until(lambda: "partitions assigned" in sink_log.read_text()
                    and states(report(settings, run_id), "sinks") == {"s0": "active"}, 120,
                    "the sink assigned both partitions, with nothing to read yet")
