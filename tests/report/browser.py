@@ -134,6 +134,18 @@ def ink(image: Image.Image, box: tuple[int, int, int, int]) -> tuple[float, floa
     return inked / len(pixels), coloured / len(pixels)
 
 
+def blank_charts(seen: Seen) -> list[str]:
+    """The charts that have an SVG where little or nothing drew: no grey
+    axes and text (inked) or no coloured bars and lines."""
+    blank = []
+    for chart in seen.charts:
+        if chart.plot:
+            inked, coloured = ink(seen.shot, chart.box)
+            if inked < 0.01 or coloured < 0.004:
+                blank.append(f"{chart.id} ({inked:.3f} inked, {coloured:.3f} coloured)")
+    return blank
+
+
 if __name__ == "__main__":
     seen = look(Path(sys.argv[1]))
     seen.shot.save(sys.argv[2], optimize=True)
