@@ -155,6 +155,7 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
             output = state_dir / "output" / run_id
             summary = _status(run_id, env)
             saved = _save_output(run_settings, run_id, stack_state, output)
+            _report_page(run_id, env, output / "report")
     finally:
         for child in children:
             child.stop()
@@ -176,6 +177,15 @@ def _status(run_id: str, env: dict[str, str]) -> dict[str, Any]:
         raise click.ClickException(f"status failed:\n{result.stderr[-3000:]}")
     found: dict[str, Any] = json.loads(result.stdout)
     return found
+
+
+def _report_page(run_id: str, env: dict[str, str], out: Path) -> None:
+    """The run's charts (`tokenmill report`, the command a user would run),
+    kept with the output after the stack goes away."""
+    result = subprocess.run([sys.executable, "-m", "tokenmill.cli", "report", run_id, "--out",
+                             str(out)], env=env, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise click.ClickException(f"report failed:\n{result.stderr[-3000:]}")
 
 
 def _wait(settings: Settings, run_id: str, children: list[Child], timeout_s: float) -> bool:
@@ -270,4 +280,5 @@ def _report(s: dict[str, Any], saved: dict[str, int], output: Path, elapsed: flo
     Console().print(table)
     where = (f"S3 s3://{stack_state.bucket}/{s['run']}/ at {stack_state.s3.address} (kept running)"
              if keep else f"{output}/s3 ({saved['objects']} objects, {saved['lines']} lines)")
-    console.print(f"output: {where}; DLQ records: {output / 'dlq.jsonl'} ({saved['dlq']})")
+    console.print(f"output: {where}; DLQ records: {output / 'dlq.jsonl'} ({saved['dlq']}); "
+                  f"charts: {output / 'report' / 'report.html'}")

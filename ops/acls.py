@@ -86,7 +86,7 @@ register_known_error(AclsRefused)
               show_default=True, type=PRINCIPAL, help="Who runs `tokenmill sink`.")
 @click.option("--reader-principal", default=acls.DEFAULT_PRINCIPALS["reader"],
               show_default=True, type=PRINCIPAL,
-              help="Who runs `tokenmill status`, `spot-check`, `dataset`, `export`.")
+              help="Who runs `tokenmill status`, `spot-check`, `dataset`, `export`, `report`.")
 @click.option("--format", "output", type=click.Choice(["commands", "json"]), default="commands",
               show_default=True, help="kafka-acls.sh commands, or JSON (one object per ACL).")
 @click.option("--command-config", default="admin.properties", show_default=True,

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "spot-check": "ops.spot_check:spot_check",
     "dataset": "ops.dataset.command:dataset",
     "export": "ops.export.command:export",
+    "report": "ops.report.command:report",
     "plan": "ops.plan.command:plan",
     "demo": "devstack.demo:demo",
     "deploy": "ops.deploy:deploy",

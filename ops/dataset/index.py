@@ -178,6 +178,14 @@ class LineageIndex:
         j = states.rfind(ACCEPTED)
         return j if j >= 0 else None
 
+    def last_holder(self, prompt_id: str) -> int | None:
+        """Index of the newest run holding a prompt some DLQ names (None:
+        no DLQ names it): the run whose word on it is the last."""
+        states = self._states.get(prompt_id)
+        if states is None:
+            return None
+        return max(j for j, code in enumerate(states) if code != ABSENT)
+
     def summary(self) -> DatasetSummary:
         self._check_done()
         n = len(self.runs)

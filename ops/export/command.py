@@ -13,8 +13,10 @@ dataset as training files.
    `--shard-records` accepted conversations, left out ones included, so the
    plan still fixes every shard's name and stretch.
 3. After each shard, record it (size, SHA-256, per-run statistics) in
-   `_export_progress.json`; at the end write the dataset card `README.md` and
-   `manifest.json`, and drop the progress file.
+   `_export_progress.json`; at the end write the dataset card `README.md`,
+   the report's page and numbers (`report.html`, `report.json`: `tokenmill
+   report` without the throughput history) and `manifest.json`, and drop the
+   progress file.
 
 The same lineage exported twice gives the same bytes. A killed export run
 again checks the shards its progress file lists, skips their records without
@@ -168,11 +170,21 @@ def run_export(settings: Settings, run_id: str, fmt: str, out: str, *,
         written = _stream(settings, found, index, current, dest, show_progress, err)
         current.complete = True
         dest.write(manifest.CARD, card.render(current).encode())
+        _write_report(settings, run_id, found, index, dest)
         dest.write(manifest.MANIFEST, manifest.encode(current))
         dest.delete(manifest.PROGRESS)
         return ExportOutcome(current, written, resumed)
     finally:
         dest.close()
+
+
+def _write_report(settings: Settings, run_id: str, found: Lineage, index: LineageIndex,
+                  dest: Destination) -> None:
+    """`tokenmill report`'s page and numbers beside the card (report.html,
+    report.json), without the throughput history (see ops/report/build.py)."""
+    from ops.report.build import build_figures, write_report  # it reads lines as we do
+
+    write_report(dest.write, build_figures(settings, run_id, found, index, history=False))
 
 
 def _stream(settings: Settings, found: Lineage, index: LineageIndex, current: Manifest,

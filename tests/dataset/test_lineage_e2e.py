@@ -266,6 +266,9 @@ def test_export_holds_every_prompt_once_from_the_newest_run(built: Built, fmt: s
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["plan"]["records"] == len(expected)
     assert len(manifest["shards"]) == -(-len(expected) // SHARD)
+    figures = json.loads((out / "report.json").read_text())  # `tokenmill report`, beside the card
+    assert (figures["records"], figures["accepted"]) == (300, len(expected))
+    assert "<svg" in (out / "report.html").read_text()
 
 
 def files(directory: Path) -> dict[str, bytes]:

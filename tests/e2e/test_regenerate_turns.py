@@ -232,6 +232,19 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
 
     check_exports(runner(env), tmp_path, run_id, {line["id"]: line for line in lines}, 0,
                   CONVERSATIONS)
+    # The run's charts, seen in a browser: the conversations' turns and tool
+    # rounds drew from every conversation (tests/report/test_page.py).
+    from tests.report.browser import blank_charts, look
+
+    report = subprocess.run(cli("report", run_id, "--out", str(tmp_path / "report")), env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr[-2000:]
+    figures = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert figures["conversations"] == sum(figures["turns"]["counts"]) == CONVERSATIONS
+    seen = look(tmp_path / "report" / "report.html")
+    drawn = {chart.id for chart in seen.charts if chart.plot}
+    assert {"turns", "tool-rounds", "throughput", "progress", "finish-category"} <= drawn
+    assert blank_charts(seen) == [] and seen.console == []
     print(f"kills: w0 in a commit at turns/completions {at_kill0}, w1 at {at_kill1}; "
           f"{len(requested)} steps, {redone} requests redone after kills; "
           f"{len(lines)} conversations in S3, {len(dlq)} dead-lettered")

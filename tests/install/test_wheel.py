@@ -154,6 +154,8 @@ def test_installed_wheel_runs_the_demo_anywhere(wheel: Path, tmp_path: Path) -> 
     persisted = Counter(in_s3 + in_dlq)
     assert [i for i, n in persisted.items() if n > 1] == []  # nothing twice
     assert set(persisted) == set(published)  # nothing lost, nothing extra
+    charts = json.loads((output / "report" / "report.json").read_text())  # `tokenmill report`
+    assert charts["records"] == len(published) and (output / "report" / "report.html").is_file()
     summary = " ".join(demo.stdout.split())
     assert f"prompts published │ {len(published):,} │" in summary
     assert "0 (S3 + DLQ = published)" in summary

@@ -11,7 +11,7 @@ Roles and the commands that run as them:
   transactions with the input offsets, one group per run);
 - `sink`: `sink` (reads completions, writes the DLQ and progress in
   transactions, one group per run);
-- `reader`: `status`, `spot-check`, `runs list|show`, `dataset`, `export`
+- `reader`: `status`, `spot-check`, `runs list|show`, `dataset`, `export`, `report`
   (reads; never writes a record, never joins a group).
 
 What fits per-run ACLs and what does not: every topic, group and
@@ -58,7 +58,7 @@ WHAT_RUNS_AS: dict[Role, str] = {
     "producer": "tokenmill produce, runs replay, runs redrive",
     "worker": "tokenmill consume",
     "sink": "tokenmill sink",
-    "reader": "tokenmill status, spot-check, runs list|show, dataset, export",
+    "reader": "tokenmill status, spot-check, runs list|show, dataset, export, report",
 }
 
 _PRINCIPAL = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*:[^\s:][^\s]*$")
