@@ -135,12 +135,14 @@ def child(n: int, aggregate: bool) -> None:
         timeline.add("root", record)
     found = agg.figures("bench", ["root", "redrive"], timeline.timeline(),
                         timeline.accept_by_gpu())
+    sizes = [len(line) for line in _pool("root", 4096)[0]]
     out = Path(tempfile.mkdtemp(prefix="bench-report-"))
     write_report(WriteFile(out), found)
     print(msgspec.json.encode({
         "records": found.records, "accepted": found.accepted, "dead_letters": found.dead_letters,
         "progress_records": timeline.snapshots, "seconds": time.monotonic() - started,
-        "page_bytes": (out / "report.html").stat().st_size}).decode())
+        "page_bytes": (out / "report.html").stat().st_size,
+        "line_bytes": sum(sizes) / len(sizes)}).decode())
 
 
 def timed(n: int, aggregate: bool) -> dict[str, float]:
@@ -177,7 +179,8 @@ def main() -> None:
         f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, {os.cpu_count()} CPUs, "
         f"load average before {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, after "
         f"{os.getloadavg()[0]:.1f}",
-        f"lineage: {args.records:,} prompts (root + redrive of its length dead letters), "
+        f"lineage: {args.records:,} prompts (root + redrive of its length dead letters; S3 "
+        f"lines of {report['line_bytes']:,.0f} B on average), "
         f"{report['progress_records']:,.0f} progress records ({GPUS} GPUs, a day, one commit "
         f"every {COMMIT_S:g} s)",
         f"{'what':<46} {'wall s':>7} {'CPU s':>7} {'peak RSS MB':>12} {'records':>10}",

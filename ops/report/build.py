@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from botocore.exceptions import ClientError
+
 from ops.dataset.index import LineageIndex
 from ops.dataset.lineage import LineageError
 from ops.dataset.sources import Lineage, build_index, load_lineage, s3_location
@@ -26,6 +28,7 @@ from schemas.progress import decode_progress
 from sink.s3_writer import make_client
 from tokenmill.kafka import committed, topics
 from tokenmill.log import get_logger
+from tokenmill.progress import RunProgress
 from tokenmill.settings import Settings
 
 log = get_logger("tokenmill.report")
@@ -67,7 +70,7 @@ def build_figures(settings: Settings, run_id: str, found: Lineage | None = None,
                                 "or once every run is finished")
         index = build_index(settings, found)
     agg = Aggregator([spec.generation.max_tokens for spec in found.specs])
-    _read_results(settings, found, index, agg)
+    missing = _read_results(settings, found, index, agg)
     timeline = TimelineBuilder()
     for spec, state in zip(found.specs, found.progress):
         timeline.add_plan(spec.run_id, spec.estimate.requests_per_s if spec.estimate else None)
@@ -76,9 +79,8 @@ def build_figures(settings: Settings, run_id: str, found: Lineage | None = None,
         else:  # each worker's last counters: what accept_by_gpu needs
             for record in state.consumers.values():
                 timeline.add(spec.run_id, record)
-    notes = [f"run {f.run_id} is in progress: {p.persisted:,} of {p.published:,} published "
-             "prompts persisted so far" for f, p in zip(found.facts, found.progress)
-             if not f.complete]
+    notes = missing + [_in_progress(f.run_id, p) for f, p in zip(found.facts, found.progress)
+                       if not f.complete]
     if not single:
         notes.append("a lineage: each prompt of the root once, its accepted result from the "
                      "newest run that has one, else its last dead letter")
@@ -90,14 +92,31 @@ def build_figures(settings: Settings, run_id: str, found: Lineage | None = None,
                        notes)
 
 
+def _in_progress(run_id: str, state: RunProgress) -> str:
+    if not state.published:
+        return f"run {run_id} has published no prompt yet"
+    return (f"run {run_id} is in progress: {state.persisted:,} of {state.published:,} "
+            "published prompts persisted so far")
+
+
 def _read_results(settings: Settings, found: Lineage, index: LineageIndex | None,
-                  agg: Aggregator) -> None:
+                  agg: Aggregator) -> list[str]:
+    """Every run's results into `agg`; what could not be read, as notes."""
     client = make_client(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
+    missing = []
     for j, spec in enumerate(found.specs):
         bucket, prefix = s3_location(settings, spec)
-        keys = source.object_keys(client, bucket, prefix, spec.run_id)
+        try:
+            keys = source.object_keys(client, bucket, prefix, spec.run_id)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
+                raise
+            keys = []  # no sink has written yet: the run has no accepted result
+            missing.append(f"run {spec.run_id}: bucket {bucket} does not exist (no sink has "
+                           "written to it yet), so no accepted results were read")
         feed(agg, index, j, source.lines(client, bucket, keys),
              _values(settings, topics.dlq_topic(spec.run_id)))
+    return missing
 
 
 def feed(agg: Aggregator, index: LineageIndex | None, j: int, lines: Iterable[bytes],

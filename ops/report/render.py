@@ -64,7 +64,7 @@ def _svg(width: int, height: int, body: list[str], label: str) -> str:
 def histogram_svg(h: Histogram, label: str, markers: Sequence[tuple[float, str]] = (),
                   width: int = 420, height: int = 200, fill: str = PALETTE[0]) -> str:
     """Vertical bars over the bins; `markers` are dashed lines at x values."""
-    left, right, top, bottom = 44, 12, 14, 32
+    left, right, top, bottom = 44, 12, 18, 32
     plot_w, plot_h = width - left - right, height - top - bottom
     x_max = h.edges[-1] if h.edges[-1] > h.edges[0] else 1.0
     ticks = nice_ticks(max(h.counts, default=0) or 1, 4)
@@ -99,7 +99,7 @@ def histogram_svg(h: Histogram, label: str, markers: Sequence[tuple[float, str]]
             body.append(f'<line x1="{x(value):.1f}" x2="{x(value):.1f}" y1="{top}" '
                         f'y2="{y(0):.1f}" stroke="{CAP_COLOR}" stroke-width="1.5" '
                         'stroke-dasharray="4 3"/>')
-            body.append(_text(x(value) - 3, top + 10, name, "end", 10, CAP_COLOR))
+            body.append(_text(x(value), top - 5, name, "end", 10, CAP_COLOR))
     body.append(_text(left + plot_w / 2, height - 4, label, "middle", 10, "#666"))
     return _svg(width, height, body, label)
 

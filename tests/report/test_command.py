@@ -149,3 +149,17 @@ def test_a_lineage_counts_each_prompt_once(settings: Settings, run_id: str,
     assert truncated == 0  # every truncated answer was replaced by the redrive's
     gpus = [s["name"] for s in figures["timeline"]["throughput"]]
     assert gpus == [f"{r}/gpu{g}" for r in (run_id, child.run_id) for g in (0, 1)]
+
+
+def test_a_run_with_nothing_yet_gives_a_page_that_says_so(settings: Settings, run_id: str,
+                                                          tmp_path: Path) -> None:
+    """Registered, nothing published: no bucket, empty topics, no counters."""
+    RunRegistry(settings).create_run(RunSpec(run_id=run_id, partitions=2))
+    done = report(settings, run_id, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert figures["records"] == 0 and figures["timeline"]["snapshots"] == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "This run has no results yet" in page and "does not exist" in page
+    assert f"run {run_id} has published no prompt yet" in page
+    assert '<svg class="plot"' not in page  # every chart says why it is empty instead
