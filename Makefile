@@ -27,10 +27,11 @@ demo: prerequisites $(VENV)/.installed-local
 # the rest, with nothing beside them (exit code 5: ARGS selected none of them).
 # --durations=30: the slowest tests are visible in every run's log.
 test: prerequisites $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest -q --durations=30 -m "not alone and not containers" $(ARGS)
+	$(VENV)/bin/python -m pytest -q --durations=30 -m "not alone" $(ARGS)
 	$(VENV)/bin/python -m pytest -q --durations=30 -n 0 -m alone $(ARGS) || [ $$? -eq 5 ]
 
-# The compose stack's exactly-once test on containers: podman set up and the
+# The compose stack's exactly-once test on containers, alone (`make test` runs
+# it too, beside the rest): podman set up and the
 # images built by `tokenmill dev images` (installs podman when missing; cached
 # after the first run), then podman-compose through podman's Docker-compatible
 # API. The exactly-once test with crashes (tests/e2e/test_pipeline.py) runs

@@ -64,7 +64,7 @@ def _wait_for_http(url: str, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the S3 container did not answer on {url} "
                                    f"within {timeout_s:.0f}s") from None
-            time.sleep(0.3)
+            time.sleep(0.3)  # poll of a wait loop
 
 
 @contextmanager

@@ -63,7 +63,7 @@ def _partitions(consumer: KafkaConsumer, topic: str,
             partitions = {p["partition_index"] for d in described for p in d.get("partitions", [])}
             if partitions and not any(d.get("error_code") for d in described):
                 return partitions
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll of a wait loop
     finally:
         admin.close()
     raise LookupError(f"topic {topic} not found")

@@ -4,6 +4,11 @@ with a worker each and the sink process the demo's sample set; S3 lines plus
 dead-letter records must equal the published prompt ids, none twice; `down`
 leaves no container of the project behind.
 
+It runs in `make test` beside the other files, and first (tests/conftest.py
+LONGEST_FIRST): on a clean machine its first step installs podman and builds
+the images (about 3 minutes, mostly downloads and unpacking) while the other
+test processes go on. Without podman and root it skips, and in CI fails.
+
 The check reads Kafka and S3 from a one-off container on the project's
 network with plain confluent-kafka and boto3 calls (no tokenmill code)."""
 
@@ -19,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from devstack import container_engine
 from devstack.demo import SAMPLE_DIR, sample_files
-from tests import container_services
+from tests import container_services, tools
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -116,7 +122,18 @@ def check(project: ComposeProject, image: str) -> dict[str, list[str]]:
     return json.loads(result.stdout)
 
 
+def engine_ready() -> str | None:
+    """None when podman is there (set up first when missing, as root on
+    Debian); else why not."""
+    try:
+        container_engine.ensure_engine()
+    except container_engine.EngineError as exc:
+        return str(exc)
+    return None
+
+
 def test_compose_stack_processes_the_sample_set_exactly_once(tmp_path: Path) -> None:
+    tools.require("podman", engine_ready())
     built = container_services.built_images()
     out = tmp_path / "stack"
     written = subprocess.run(
@@ -142,7 +159,7 @@ def test_compose_stack_processes_the_sample_set_exactly_once(tmp_path: Path) -> 
             assert time.monotonic() < deadline, \
                 f"not done in {DONE_TIMEOUT_S:.0f}s: {len(seen['s3'])} in S3, " \
                 f"{len(seen['dlq'])} in the DLQ of {len(seen['published'])}\n{project.logs()}"
-            time.sleep(3)
+            time.sleep(3)  # poll of a wait loop
             seen = check(project, built.tokenmill)
     finally:
         down = project.run("down", timeout=300)

@@ -156,7 +156,7 @@ def test_end_to_end_exactly_once_with_crashes(settings, services, run_id, tmp_pa
         deadline = time.monotonic() + 180
         while not (0 < _committed(settings, run_id) < total and s3_keys(settings)):
             assert time.monotonic() < deadline, "the run never got going"
-            time.sleep(0.2)
+            time.sleep(0.2)  # poll of a wait loop
         consumers[1].kill()
         sink.kill()
         at_kill = _committed(settings, run_id), len(s3_keys(settings))

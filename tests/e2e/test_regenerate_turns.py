@@ -148,14 +148,14 @@ def test_conversations_survive_kills_between_and_during_turns(settings, services
         # are under way, and the sink after its first upload.
         while not count(settings, turns_topic) > 50:
             assert time.monotonic() < finish_by, "the run never got going"
-            time.sleep(0.3)
+            time.sleep(0.3)  # poll of a wait loop
         workers[1].kill()
         at_kill1 = count(settings, turns_topic), count(settings, completions_topic)
         assert at_kill1[1] < CONVERSATIONS, at_kill1
         workers[1].start()
         while not s3_keys(settings):
             assert time.monotonic() < finish_by, "the sink never uploaded"
-            time.sleep(0.3)
+            time.sleep(0.3)  # poll of a wait loop
         sink.kill()
         sink.start()
         assert workers[0].wait(left()) == 137, workers[0].tail()

@@ -131,7 +131,7 @@ def _wait(predicate, timeout_s: float = 30.0) -> None:
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.1)
+        time.sleep(0.1)  # poll of a wait loop
     raise AssertionError("condition not reached in time")
 
 

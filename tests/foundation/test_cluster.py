@@ -36,13 +36,13 @@ def _partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 60.0) ->
         except KafkaConnectionError:  # it asked the broker just killed: ask again
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll of a wait loop
             continue
         if not described[0]["error_code"] and described[0]["partitions"]:
             return sorted(described[0]["partitions"], key=lambda p: p["partition_index"])
         if time.monotonic() > deadline:
             raise AssertionError(f"{topic} not described within {timeout_s}s: {described}")
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll of a wait loop
 
 
 def _topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str:
@@ -61,7 +61,7 @@ def _wait_isr(admin: KafkaAdminClient, topic: str, check: Callable[[set[int]], b
         if time.monotonic() > deadline:
             raise AssertionError(f"ISR of {topic} not as expected within {timeout_s}s: "
                                  f"{[(p['partition_index'], p['isr_nodes']) for p in partitions]}")
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll of a wait loop
 
 
 def _committed_batch(producer: Producer, topic: str, values: list[str], *, commit: bool) -> None:

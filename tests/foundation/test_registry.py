@@ -79,7 +79,7 @@ def test_the_progress_topic_is_compacted_in_short_segments(settings, services, r
             entries = {key: str(value["value"])
                        for key, value in described["topic"].get(topic, {}).items()}
             if "cleanup.policy" not in entries:
-                time.sleep(0.5)
+                time.sleep(0.5)  # poll of a wait loop
     finally:
         admin.close()
     assert entries["cleanup.policy"] == "compact"

@@ -36,9 +36,9 @@ def test_ci_runs_the_readme_test_command_and_nothing_else_runs_tests() -> None:
     test_command = readme_two_commands()[1]
     commands = ci_commands()
     assert commands[-1] == test_command
-    # and the container pass before it (README "Tests on containers")
-    assert "make test-containers" in commands[:-1]
-    assert "make test-containers" in (CHECKOUT / "README.md").read_text()
+    # before it, the manual and the linters (their own failures, not tests)
+    assert [c for c in commands if c.startswith("make ")] == ["make docs", "make lint",
+                                                             test_command]
     assert not any("pytest" in command for command in commands)
 
 

@@ -54,7 +54,8 @@ def test_every_file_in_the_package_folder_is_listed_and_readable() -> None:
     folders = ("deploy/kafka", "deploy/systemd", "docker", "deploy/prometheus", "deploy/grafana")
     listed = [path for folder in folders for path in deploy_files.files_in(folder)]
     assert sorted(listed) == on_disk  # every folder is one of these
-    assert "deploy/kafka/pom.xml" in listed and "deploy/systemd/tokenmill-consume@.service" in listed
+    assert "deploy/kafka/pom.xml" in listed
+    assert "deploy/systemd/tokenmill-consume@.service" in listed
     assert "deploy/prometheus/alerts.yml" in listed and "deploy/grafana/tokenmill.json" in listed
     for path in listed:
         assert deploy_files.read_text(path)
@@ -131,7 +132,8 @@ def test_maven_download_lines_give_progress() -> None:
     line = ("Downloaded from central: https://repo.maven.apache.org/maven2/org/apache/kafka/"
             "kafka_2.13/4.1.1/kafka_2.13-4.1.1.jar (6.6 MB at 5.2 MB/s)")
     assert kafka_broker.downloaded(line) == ("kafka_2.13-4.1.1.jar", 6_600_000)
-    assert kafka_broker.downloaded("Downloaded from central: https://x/y/a.pom (2.1 kB at 9 kB/s)") \
+    assert kafka_broker.downloaded(
+        "Downloaded from central: https://x/y/a.pom (2.1 kB at 9 kB/s)") \
         == ("a.pom", 2100)
     assert kafka_broker.downloaded("Downloading from central: https://x/y/a.jar") is None
     assert kafka_broker.downloaded("[INFO] BUILD SUCCESS") is None
@@ -194,7 +196,8 @@ def _fake_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> P
     mvn = bin_dir / "mvn"
     mvn.write_text("#!/bin/sh\n"
                    f"echo call >> {tmp_path}/calls.txt\n"
-                   'for a in "$@"; do case "$a" in -DoutputDirectory=*) OUT="${a#*=}";; esac; done\n'
+                   'for a in "$@"; do case "$a" in -DoutputDirectory=*) OUT="${a#*=}";; esac; '
+                   'done\n'
                    + body)
     mvn.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -234,4 +237,5 @@ def test_jar_fetch_failure_is_one_line_naming_the_log(tmp_path: Path,
                               "Failed to execute goal: Could not transfer artifact")
     log_path = Path(message.rsplit("(log: ", 1)[1].rstrip(")"))
     assert "Temporary failure" in log_path.read_text()
-    assert not (tmp_path / "cache" / f"kafka-{kafka_broker.KAFKA_VERSION}" / "lib" / ".complete").exists()
+    cache = tmp_path / "cache" / f"kafka-{kafka_broker.KAFKA_VERSION}"
+    assert not (cache / "lib" / ".complete").exists()

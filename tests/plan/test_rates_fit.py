@@ -21,7 +21,7 @@ from schemas.plan import Curve
 from tokenmill.forecast.throughput import concurrency_for_share, tokens_per_s
 
 
-def sweep_spans(levels: list[int], hold: float, per_request: float, cap: float,
+def sweep_spans(levels: list[int], hold: float, per_request: float, cap: float,  # noqa: C901
                 max_running: int, seed: int = 0, median: float = 300.0,
                 prefill: float = 0.0) -> tuple[list[Span], list[float]]:
     """A closed-loop sweep against a server where each decoding request gets

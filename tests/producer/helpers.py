@@ -87,7 +87,7 @@ def prompts(settings: Settings, run_id: str, committed_only: bool = True,
         if len({r.partition for r in records}) >= partitions or len(records) < partitions:
             break
         PARTIAL_READS.append(run_id)
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll of a wait loop
     return sorted(records, key=lambda r: (r.partition, r.offset))
 
 

@@ -84,7 +84,7 @@ def test_kill_9_while_publishing_then_rerun(settings, run_id, tmp_path: Path) ->
         while time.monotonic() < deadline and proc.poll() is None:
             if _published_so_far(settings.bootstrap_servers, topic) >= 1000:
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll of a wait loop
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(30)

@@ -130,7 +130,7 @@ class SecuredRun:
             assert time.monotonic() < deadline and all(
                 w.proc is not None and w.proc.poll() is None for w in workers), \
                 f"status never showed the workers' group: {group}"
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll of a wait loop
 
     def check_exactly_once(self) -> None:
         """Every prompt in exactly one place, read by kafka-python (as the

@@ -46,7 +46,7 @@ async def _gauges_while(url: str, burst: asyncio.Future[list[float]]) -> list[di
     samples = []
     while not burst.done():
         samples.append(await asyncio.to_thread(metric_values, url))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # poll of a wait loop
     return samples
 
 

@@ -21,7 +21,7 @@ def test_warmup_503_then_200(simulator: Callable[..., str]) -> None:
     deadline = time.monotonic() + 10
     while http("GET", url + "/health")[0] != 200:
         assert time.monotonic() < deadline
-        time.sleep(0.1)
+        time.sleep(0.1)  # poll of a wait loop
     assert chat(url, user("now"))[0] == 200
 
 

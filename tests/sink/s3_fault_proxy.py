@@ -115,7 +115,7 @@ class S3FaultProxy:
         if self.hold is not None and self.hold(seen):
             self.held.set()
             while not self.release.is_set():
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # poll of a wait loop
         if self._session is None:
             self._session = aiohttp.ClientSession(auto_decompress=False)
         headers = CIMultiDict((k, v) for k, v in request.headers.items()

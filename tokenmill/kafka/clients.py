@@ -74,6 +74,9 @@ class _LibrdkafkaLog:
 _LOGGER = _LibrdkafkaLog()
 
 
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+
 def base_config(settings: Settings) -> dict[str, Any]:
     """librdkafka settings shared by every client; secrets revealed only here."""
     config: dict[str, Any] = {
@@ -81,6 +84,10 @@ def base_config(settings: Settings) -> dict[str, Any]:
         "security.protocol": settings.security_protocol,
         "logger": _LOGGER,
         "socket.connection.setup.timeout.ms": int(settings.connect_timeout_s * 1000),
+        # librdkafka backs off reconnecting to a down broker up to 10 s (the
+        # Java client: 1 s), so a restarted broker went unnoticed for up to
+        # 10 s by every client, a service waiting at start-up included.
+        "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
     }
     if settings.sasl_mechanism:
         config["sasl.mechanism"] = settings.sasl_mechanism
