@@ -104,7 +104,7 @@ def test_watchdog_fires_on_a_call_past_its_limit() -> None:
         with dog.guard("a stuck call", 0.1):
             deadline = time.monotonic() + 10
             while not fired and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(0.01)  # poll of a wait loop
     finally:
         dog.stop()
     assert fired and fired[0].what == "a stuck call" and fired[0].blocked_s > 0.1

@@ -266,7 +266,7 @@ def wait_for(predicate: Any, timeout_s: float = 30.0, what: str = "condition") -
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.2)
+        time.sleep(0.2)  # poll of a wait loop
     raise AssertionError(f"{what} not reached in {timeout_s}s")
 
 
