@@ -134,6 +134,9 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
     with running_simulator(PACED) as upstream, Gate(upstream) as gate:
         # the last prompt of every partition: the run goes on until the zombie woke
         finish = gate.hold(containing=[f"Question {p.seq}:" for p in prompts[-4:]])
+        # the other's requests wait until the zombie committed once: the run
+        # is not the other's alone while the zombie starts (a loaded machine)
+        other_first = gate.hold(callers={"other"})
         zombie = ConsumerProcess(settings, run_id, gate.url("zombie"), "zombie", tmp_path,
                                  "--concurrency", "16", "--until-done").start()
         other = ConsumerProcess(settings, run_id, gate.url("other"), "other", tmp_path,
@@ -142,8 +145,9 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
             group.wait(lambda ms: owners(ms) == {"zombie", "other"}, 60, "both own partitions")
             wait_until(lambda: consumer_progress(settings, run_id).consumers.get("zombie")
                        is not None, 60, "the zombie's first commit")
+            other_first.release()
             in_flight = gate.hold(callers={"zombie"})  # its next requests wait in the gate
-            gate.wait(lambda: gate.count("zombie").held, 60, "the zombie's requests in flight")
+            gate.wait(lambda: in_flight.held, 60, "the zombie's requests in flight")
             zombie.signal(signal.SIGSTOP)
             group.wait(lambda ms: owners(ms) == {"other"}, 60, "the other owns every partition")
             committed_then = consumer_progress(settings, run_id).consumers["other"].completions
@@ -152,7 +156,9 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
             # The answers to the frozen zombie's requests reach it (its socket buffers).
             answered = gate.count("zombie").answered
             in_flight.release()
-            gate.wait(lambda: not gate.count("zombie").pending, 60,
+            # (all but those of the last prompts, which `finish` holds on)
+            gate.wait(lambda: not in_flight.held and gate.count("zombie").pending
+                      == gate.count("zombie").held, 60,
                       "the zombie's requests answered while it is frozen")
             late = gate.count("zombie").answered - answered
             mark = zombie.mark()

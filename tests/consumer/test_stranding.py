@@ -47,8 +47,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(300)]
 
 PARTITIONS = 6
 PER_PARTITION = 20
-# 6 in flight over its 3 partitions: requests in flight on every one.
 QUESTION = re.compile(rb"Question (\d+):")  # a prompt's text (make_prompts): its seq
+# 6 in flight over a member's 3 partitions (not always on each: phase 6 sees to it).
 WORKER_ARGS = ("--concurrency", "6", "--no-fleet-balancing",
                "--heartbeat-interval", "120")  # no idle commits: phase 4 is a real one
 
