@@ -134,16 +134,18 @@ class Group:
         return frozenset(p for m in members if m.client_id.startswith(f"{worker}#")
                          for p in m.owned)
 
-    def wait_shared(self, workers: tuple[str, ...], timeout_s: float = 60) -> None:
-        """Until each worker's member owns an equal share of every partition."""
-        share = self.partitions // len(workers)
+    def wait_shared(self, services: dict[str, ServiceProcess], timeout_s: float = 60) -> None:
+        """Until the group is stable with each service's member owning an
+        equal share, and each service has taken its share (its log says so)."""
+        share = self.partitions // len(services)
 
         def shared(members: list[Member]) -> bool:
-            owned = {w: [m.owned for m in members if m.client_id.startswith(f"{w}#")]
-                     for w in workers}
-            return all(len(o) == 1 and len(o[0]) == share for o in owned.values())
+            return stable(members) and all(
+                caught_up(service, name, members)
+                and sum(len(m.owned) for m in members if m.client_id.startswith(f"{name}#"))
+                == share for name, service in services.items())
 
-        self.wait(shared, timeout_s, f"{workers} each owning {share} partitions")
+        self.wait(shared, timeout_s, f"{sorted(services)} each owning {share} partitions")
 
 
 def joined(worker: str) -> Callable[[list[Member]], bool]:
@@ -156,8 +158,9 @@ def stable(members: list[Member]) -> bool:
 
 
 def caught_up(service: ServiceProcess, name: str, members: list[Member]) -> bool:
-    """What `service` last logged owning is what the group says it owns."""
-    changes = [e for e in service.events() if e.get("event") in (
+    """What `service` (this start of it) last logged owning is what the
+    group says it owns."""
+    changes = [e for e in service.events(since=service.start_mark) if e.get("event") in (
         "partitions assigned", "partitions revoked", "partitions lost")]
     mine = [m.owned for m in members if m.client_id.startswith(f"{name}#")]
     return bool(changes) and len(mine) == 1 and set(changes[-1]["owned"]) == set(mine[0])
@@ -424,10 +427,13 @@ class Run:
         self.steady = self.service("steady").start()
         self.victim = self.service("victim").start()
         try:
-            self.group.wait_shared(("steady", "victim"))
+            self.group.wait_shared(self.pair())
         except BaseException:
             self.__exit__()
             raise
+
+    def pair(self) -> dict[str, ServiceProcess]:
+        return {"steady": self.steady, "victim": self.victim}
 
     # -- the role's ---------------------------------------------------------------
 
@@ -468,7 +474,7 @@ class Run:
         self.after_kill(self.early)  # e.g. a sink's revoke waits for its held upload
         self.victim.stop()
         self.victim, self.victim_args = self.service("victim", *wanted).start(), wanted
-        self.group.wait_shared(("steady", "victim"))
+        self.group.wait_shared(self.pair())
 
     def cycle(self, phase: str) -> Stage:
         """The newcomer joins, the victim dies at `phase`, the victim
@@ -518,7 +524,7 @@ class Run:
             times.append(("newcomer stopped", time.monotonic()))
         assert stage.newcomer.proc is not None and stage.newcomer.proc.returncode == 0, \
             stage.newcomer.log()[-3000:]
-        self.group.wait_shared(("steady", "victim"))
+        self.group.wait_shared(self.pair())
         times.append(("shared", time.monotonic()))
         stage.hit["times"] = [(n, round(t - times[0][1], 1)) for n, t in times]
         assert_healed_in_time(healing)

@@ -50,9 +50,11 @@ class ServiceProcess:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.start_mark = 0  # where the log ended when it last started
 
     def start(self) -> Any:
         self.starts += 1
+        self.start_mark = self.mark()
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *self.args], stdout=log, stderr=subprocess.STDOUT,
