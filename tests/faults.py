@@ -8,46 +8,152 @@ kills the process (exit 137, as after kill -9) the 3rd time it reaches that
 point, after pushing out what it buffered (a transaction's records reach the
 broker uncommitted, so they really must never become visible). The line
 `fault injection: killed` in the log proves the moment was hit.
+
+Beside the services' own crash points, the group's rebalance callbacks are
+points too: `rebalance.revoke`, `rebalance.assign`, `rebalance.lost`,
+reached as the consumer's callback begins (with partitions).
+
+Narrowing the moment (each optional):
+
+    --armed-by PATH   count only what happens once PATH exists (the test
+                      creates it when the moment it waits for has come)
+    --inside CALLBACK count only points reached inside that rebalance
+                      callback (`revoke`: e.g. the commit a revoke makes)
+    --refuse-outside  once armed, refuse (abort at its start) every
+                      transaction begun outside CALLBACK: its results stay
+                      uncommitted for the transaction inside CALLBACK to carry
+    --report-at POINT log `fault injection: reached` at POINT (no kill;
+                      may be given more than once)
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+import threading
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer
 
 from tokenmill import crashpoints
+from tokenmill.kafka import clients
 
 KILLED_EXIT_CODE = 137
+CALLBACKS = ("assign", "revoke", "lost")
+
+
+class Refused(RuntimeError):
+    """Raised at a transaction's start to refuse it."""
+
+
+def _event(name: str, **fields: object) -> None:
+    print(json.dumps({"event": name, **fields}), file=sys.stderr, flush=True)
+
+
+class _Callbacks(threading.local):
+    def __init__(self) -> None:
+        self.active: list[str] = []
+
+
+_in_callback = _Callbacks()
+
+
+class ObservedConsumer(Consumer):
+    """A consumer whose rebalance callbacks are crash points, and known to
+    be running (for `--inside`)."""
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:  # type: ignore[override]
+        for kind in CALLBACKS:
+            given = callbacks.get(f"on_{kind}")
+            if given is not None:
+                callbacks[f"on_{kind}"] = _observed(kind, given)
+        super().subscribe(topics, **callbacks)
+
+
+def _observed(kind: str, callback: Callable[[Any, list[Any]], None]
+              ) -> Callable[[Any, list[Any]], None]:
+    count = 0
+
+    def run(consumer: Any, partitions: list[Any]) -> None:
+        nonlocal count
+        if partitions:
+            count += 1
+            crashpoints.reached(f"rebalance.{kind}", count)
+        _in_callback.active.append(kind)
+        try:
+            callback(consumer, partitions)
+        finally:
+            _in_callback.active.pop()
+
+    return run
 
 
 class KillAt(crashpoints.Observer):
-    def __init__(self, point: str, count: int) -> None:
+    def __init__(self, point: str | None, count: int, *, armed_by: Path | None = None,
+                 inside: str | None = None, refuse_outside: bool = False,
+                 report_at: tuple[str, ...] = ()) -> None:
         self.point = point
         self.count = count
+        self.armed_by = armed_by
+        self.inside = inside
+        self.refuse_outside = refuse_outside
+        self.report_at = report_at
+        self.seen = 0  # times `point` was reached armed and inside CALLBACK
+
+    def armed(self) -> bool:
+        return self.armed_by is None or self.armed_by.exists()
 
     def reached(self, point: str, count: int, flush: Callable[[], object] | None) -> None:
-        if point != self.point or count != self.count:
+        if point in self.report_at:
+            _event("fault injection: reached", point=point, count=count)
+        if not self.armed():
+            return
+        inside = self.inside is None or self.inside in _in_callback.active
+        if self.refuse_outside and point == "transaction.begin" and not inside:
+            _event("fault injection: refused", point=point, count=count)
+            raise Refused("fault injection: transaction refused")
+        if point != self.point or not inside:
+            return
+        self.seen += 1
+        # Narrowed, the Nth time here armed and inside; else (as always) the
+        # Nth time the process reached the point (a transaction's number).
+        narrowed = self.armed_by is not None or self.inside is not None
+        if (self.seen if narrowed else count) != self.count:
             return
         if flush is not None:
             flush()
-        print(f'{{"event": "fault injection: killed", "point": "{point}", "count": {count}}}',
-              file=sys.stderr, flush=True)
+        _event("fault injection: killed", point=point, count=count, inside=self.inside)
         os._exit(KILLED_EXIT_CODE)
 
 
-def parse(spec: str) -> KillAt:
+def parse(spec: str, **options: Any) -> KillAt:
     point, _, count = spec.partition(":")
-    return KillAt(point, int(count or 1))
+    return KillAt(point or None, int(count or 1), **options)
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 3 or argv[0] != "--kill-at" or "--" not in argv:
-        raise SystemExit("usage: python -m tests.faults --kill-at POINT[:N] -- COMMAND ARGS...")
-    crashpoints.install(parse(argv[1]))
+    if "--" not in argv:
+        raise SystemExit("usage: python -m tests.faults [--kill-at POINT[:N]] [options] "
+                         "-- COMMAND ARGS...")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="python -m tests.faults")
+    parser.add_argument("--kill-at", default="")
+    parser.add_argument("--armed-by", type=Path)
+    parser.add_argument("--inside", choices=CALLBACKS)
+    parser.add_argument("--refuse-outside", action="store_true")
+    parser.add_argument("--report-at", action="append", default=[])
+    options = parser.parse_args(argv[:split])
+    crashpoints.install(parse(options.kill_at, armed_by=options.armed_by, inside=options.inside,
+                              refuse_outside=options.refuse_outside,
+                              report_at=tuple(options.report_at)))
+    clients.Consumer = ObservedConsumer  # type: ignore[misc]
     from tokenmill.cli import main as tokenmill
 
-    tokenmill(argv[argv.index("--") + 1:])
+    tokenmill(argv[split + 1:])
 
 
 if __name__ == "__main__":

@@ -4,12 +4,9 @@ processes, and read back what was committed with kafka-python."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,12 +18,12 @@ from schemas import GenerationSettings, Message, PromptRecord, RunSpec, decode_c
 from schemas.progress import ProducerCheckpoint, producer_key
 from sglang_sim import SimulatorConfig
 from tests.kafka_helpers import read_all
+from tests.service_process import REPO as REPO  # re-exported: tests import it from here
+from tests.service_process import ServiceProcess, entry
 from tokenmill import progress
 from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-
-REPO = Path(__file__).resolve().parents[2]
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -126,73 +123,21 @@ def duplicates(records: list[Any]) -> dict[str, int]:
     return {k: v for k, v in counts.items() if v > 1}
 
 
-class ConsumerProcess:
+class ConsumerProcess(ServiceProcess):
     """`tokenmill consume` as a child process, killable like a real worker."""
 
     def __init__(self, settings: Settings, run_id: str, sglang_url: str, instance: str,
-                 log_dir: Path, *extra: str, kill_at: str | None = None) -> None:
-        """`kill_at` ("STEP:N"): die at that step of the Nth transaction (tests/faults.py)."""
-        entry = ["tests.faults", "--kill-at", kill_at, "--"] if kill_at else ["tokenmill.cli"]
-        self.args = [sys.executable, "-m", *entry, "consume", "--run", run_id,
-                     "--sglang-url", sglang_url, "--instance", instance,
-                     "--bootstrap-servers", settings.bootstrap_servers,
-                     "--log-format", "json", "--session-timeout", "6",
-                     "--commit-interval", "0.5", *extra]
+                 log_dir: Path, *extra: str, kill_at: str | None = None,
+                 faults: Sequence[str] = ()) -> None:
+        """`kill_at` ("STEP:N"): die at that step of the Nth transaction;
+        `faults`: more of tests/faults.py's options."""
+        super().__init__([*entry(kill_at, faults), "consume", "--run", run_id,
+                          "--sglang-url", sglang_url, "--instance", instance,
+                          "--bootstrap-servers", settings.bootstrap_servers,
+                          "--log-format", "json", "--session-timeout", "6",
+                          "--commit-interval", "0.5", *extra],
+                         log_dir / f"consumer-{instance}.log")
         self.instance = instance
-        self.log_path = log_dir / f"consumer-{instance}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> ConsumerProcess:
-        self.starts += 1
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
-        log.close()
-        return self
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def terminate(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-
-    def wait(self, timeout: float) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def mark(self) -> int:
-        """Where the log ends now: `events(..., since=mark)` reads after it."""
-        return len(self.log()) if self.log_path.exists() else 0
-
-    def events(self, name: str, since: int = 0) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log()[since:].splitlines():
-            if line.startswith("{"):
-                try:
-                    event = msgspec.json.decode(line)
-                except msgspec.DecodeError:
-                    continue
-                if event.get("event") == name:
-                    out.append(event)
-        return out
-
-    def stop(self) -> None:
-        if self.running():
-            self.terminate()
-            try:
-                self.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 # ~0.2-0.6 s per request: slow enough that crashes and commits catch work in

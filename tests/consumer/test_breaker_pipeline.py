@@ -7,19 +7,13 @@ is refused at start with one line."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-import aiohttp
 import pytest
-from aiohttp import web
 
-from devstack.processes import free_port
 from schemas import Failure
 from sglang_sim import SimulatorConfig, running_simulator
 from tests.consumer.pipeline import (
@@ -33,6 +27,7 @@ from tests.consumer.pipeline import (
     publish,
     wait_until,
 )
+from tests.gate import Gate
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -43,50 +38,6 @@ FAILURES = {
                  "tokens. You requested a total of 700 tokens."),
     "501": (501, "Not Implemented"),
 }
-
-
-@contextmanager
-def switchable(upstream: str) -> Iterator[tuple[str, dict[str, str]]]:
-    """A server in front of the simulator whose chat answers can be switched
-    to an error for every request (`mode["chat"]`); the rest passes through."""
-    mode = {"chat": "pass"}
-
-    async def forward(request: web.Request) -> web.Response:
-        if request.path == "/v1/chat/completions" and mode["chat"] != "pass":
-            status, message = FAILURES[mode["chat"]]
-            return web.json_response({"object": "error", "message": message,
-                                      "type": "BadRequestError", "param": None,
-                                      "code": status}, status=status)
-        async with aiohttp.ClientSession() as session:
-            async with session.request(request.method, upstream + request.path_qs,
-                                       data=await request.read(),
-                                       headers={"Content-Type": "application/json"}) as answer:
-                return web.Response(status=answer.status, body=await answer.read(),
-                                    content_type="application/json")
-
-    port = free_port()
-    loop = asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", forward)
-    runner = web.AppRunner(app)
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(10)
-    try:
-        yield f"http://127.0.0.1:{port}", mode
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
 
 
 def _failures(settings, run_id) -> int:
@@ -100,7 +51,7 @@ def _settled(count: Callable[[], int], quiet_s: float, timeout_s: float) -> int:
     value, since = count(), time.monotonic()
     while time.monotonic() - since < quiet_s:
         assert time.monotonic() < deadline, f"still moving after {timeout_s}s: {value}"
-        time.sleep(0.5)
+        time.sleep(0.5)  # the poll of this wait loop
         now = count()
         if now != value:
             value, since = now, time.monotonic()
@@ -113,26 +64,27 @@ def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
     spec = create_run(settings, run_id, partitions=2)
     prompts = make_prompts(run_id, 1200)
     publish(settings, spec, prompts)
-    with running_simulator(PACED) as upstream, switchable(upstream) as (url, mode):
-        worker = ConsumerProcess(settings, run_id, url, "b0", tmp_path, "--concurrency", "16",
-                                 "--until-done", "--breaker-cooldown", "1",
+    with running_simulator(PACED) as upstream, Gate(upstream) as gate:
+        worker = ConsumerProcess(settings, run_id, gate.url(), "b0", tmp_path,
+                                 "--concurrency", "16", "--until-done", "--breaker-cooldown", "1",
                                  "--max-attempts", "2", "--retry-base", "0.05").start()
         try:
             wait_until(lambda: consumer_progress(settings, run_id).generated > 100, 60,
                        "healthy progress")
-            mode["chat"] = failing  # the server starts failing every request
+            gate.fail(*FAILURES[failing])  # the server starts failing every request
             opened = ("circuit breaker open: the server fails every request the same way; "
                       "holding prompts (their offsets stay uncommitted) and probing again")
             wait_until(lambda: worker.events(opened), 60, "the breaker opening")
             # what was in flight when it opened settles (the count stops moving);
-            # then, for a while of probes that keep failing (cooldown 1 s,
-            # doubling), nothing more is committed
+            # then, across probes that keep failing (cooldown 1 s, doubling),
+            # nothing more is committed
             settled = _settled(lambda: consumer_progress(settings, run_id).generated,
                                quiet_s=3, timeout_s=90)
-            time.sleep(5)  # the window in which nothing may be committed
+            probes = gate.count().failed
+            gate.wait(lambda: gate.count().failed > probes, 60, "the next probe failing")
             assert consumer_progress(settings, run_id).generated == settled
             assert consumer_progress(settings, run_id).consumers["b0"].breaker
-            mode["chat"] = "pass"  # the server recovers
+            gate.pass_through()  # the server recovers
             assert worker.wait(180) == 0, worker.log()[-3000:]
             assert worker.events("circuit breaker closed: the server answers again")
         finally:

@@ -5,8 +5,8 @@ what an aborted transaction left in the log with `read_uncommitted`."""
 
 from __future__ import annotations
 
+import re
 import signal
-import time
 
 import pytest
 
@@ -19,14 +19,17 @@ from tests.consumer.pipeline import (
     create_run,
     make_prompts,
     publish,
+    sim_metrics,
     wait_until,
 )
+from tests.gate import Gate
 from tests.kafka_helpers import read_all
-from tokenmill.kafka import clients, groups, topics
+from tests.rebalance import STALE_MEMBER, Group
+from tokenmill.kafka import topics
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-
+LOST = "partitions lost; their uncommitted work is dropped"
 
 
 def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
@@ -116,42 +119,65 @@ def test_a_duplicate_instance_ends_the_older_one_with_one_line(settings, run_id,
 def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_id,
                                                                     tmp_path) -> None:
     """Frozen past its session timeout, its partitions go to the other worker,
-    which commits them; woken up, the zombie's late results never become
-    visible: fenced by its stale group metadata or dropped as lost."""
+    which commits them. While it is frozen, the answers to its requests in
+    flight reach it; woken up, it holds results it can no longer commit: its
+    late commit is refused (its group membership is stale) or its partitions
+    are declared lost, and none of those results ever becomes visible."""
     spec = create_run(settings, run_id, partitions=4)
-    prompts = make_prompts(run_id, 1500)
+    prompts = make_prompts(run_id, 600)
     publish(settings, spec, prompts)
-    admin = clients.admin(settings)
-    group, topic = topics.generate_group(run_id), topics.prompts_topic(run_id)
+    group = Group(settings, topics.generate_group(run_id), topics.prompts_topic(run_id), 4)
 
-    def owners() -> set[str]:
-        state = groups.describe(admin, group, topic)
-        return {m.client_id.split("#")[0] for m in state.members if m.partitions}
+    def owners(members) -> set[str]:  # type: ignore[no-untyped-def]
+        return {m.client_id.split("#")[0] for m in members if m.owned}
 
-    with running_simulator(PACED) as url:
-        zombie = ConsumerProcess(settings, run_id, url, "zombie", tmp_path, "--concurrency",
-                                 "16", "--until-done").start()
-        other = ConsumerProcess(settings, run_id, url, "other", tmp_path, "--concurrency",
-                                "16", "--until-done").start()
+    with running_simulator(PACED) as upstream, Gate(upstream) as gate:
+        # the last prompt of every partition: the run goes on until the zombie woke
+        finish = gate.hold(containing=[f"Question {p.seq}:" for p in prompts[-4:]])
+        # the other's requests wait until the zombie committed once: the run
+        # is not the other's alone while the zombie starts (a loaded machine)
+        other_first = gate.hold(callers={"other"})
+        zombie = ConsumerProcess(settings, run_id, gate.url("zombie"), "zombie", tmp_path,
+                                 "--concurrency", "16", "--until-done").start()
+        other = ConsumerProcess(settings, run_id, gate.url("other"), "other", tmp_path,
+                                "--concurrency", "16", "--until-done").start()
         try:
-            wait_until(lambda: owners() == {"zombie", "other"}, 60, "both own partitions")
+            group.wait(lambda ms: owners(ms) == {"zombie", "other"}, 60, "both own partitions")
             wait_until(lambda: consumer_progress(settings, run_id).consumers.get("zombie")
                        is not None, 60, "the zombie's first commit")
-            zombie.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
-            frozen_at = time.monotonic()
-            wait_until(lambda: owners() == {"other"}, 60, "the other owns every partition")
+            other_first.release()
+            in_flight = gate.hold(callers={"zombie"})  # its next requests wait in the gate
+            gate.wait(lambda: in_flight.held, 60, "the zombie's requests in flight")
+            zombie.signal(signal.SIGSTOP)
+            group.wait(lambda ms: owners(ms) == {"other"}, 60, "the other owns every partition")
             committed_then = consumer_progress(settings, run_id).consumers["other"].completions
             wait_until(lambda: consumer_progress(settings, run_id).consumers["other"].completions
                        > committed_then + 50, 60, "the other commits the moved partitions")
-            # past the session timeout (6 s) since its last heartbeat (every 1.2 s)
-            assert time.monotonic() - frozen_at > 6 - 1.2 - 0.5
-            zombie.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            # The answers to the frozen zombie's requests reach it (its socket buffers).
+            answered = gate.count("zombie").answered
+            in_flight.release()
+            # (all but those of the last prompts, which `finish` holds on)
+            gate.wait(lambda: not in_flight.held and gate.count("zombie").pending
+                      == gate.count("zombie").held, 60,
+                      "the zombie's requests answered while it is frozen")
+            late = gate.count("zombie").answered - answered
+            mark = zombie.mark()
+            zombie.signal(signal.SIGCONT)
+            refused = gate.wait(lambda: [e for e in zombie.events("transaction aborted", mark)
+                                         if re.search(STALE_MEMBER, e["cause"])]
+                                or zombie.events(LOST, mark), 120,
+                                "the zombie's late commit refused, or its partitions lost")
+            finish.release()
             assert other.wait(240) == 0, other.log()[-3000:]
             assert zombie.wait(120) == 0, zombie.log()[-3000:]
+            served = sim_metrics(upstream)["sglang:num_requests_total"]
         finally:
             zombie.stop()
             other.stop()
     records = check_exactly_once(settings, run_id, prompts)
-    assert zombie.events("partitions lost; their uncommitted work is dropped") or any(
-        "transaction aborted" in line for line in zombie.log().splitlines())
     assert {r.instance for r in records} == {"zombie", "other"}
+    # What it held was thrown away, never committed: the server answered
+    # at least that many requests more than there are records.
+    assert late >= 1 and served - len(records) >= late, (served, len(records), late)
+    if not any(e.get("cause") for e in refused):  # lost, then: counted as wasted
+        assert zombie.events("stopped", mark)[-1]["wasted"].get("lost", 0) > 0

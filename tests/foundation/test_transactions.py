@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from tests.kafka_helpers import committed_offsets, create_topic, read_all
+from tests.rebalance import STALE_MEMBER
 from tokenmill.backoff import Backoff
 from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import (
@@ -103,7 +104,7 @@ def test_watchdog_fires_on_a_call_past_its_limit() -> None:
         with dog.guard("a stuck call", 0.1):
             deadline = time.monotonic() + 10
             while not fired and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(0.01)  # poll of a wait loop
     finally:
         dog.stop()
     assert fired and fired[0].what == "a stuck call" and fired[0].blocked_s > 0.1
@@ -177,7 +178,9 @@ def test_a_fenced_producer_ends_as_kafka_fatal(settings) -> None:
 
 def test_stale_group_metadata_fences_a_zombie_member(settings) -> None:
     """A member that lost its partitions (here: it left the group) must not
-    commit offsets for them: the transaction aborts, nothing is visible."""
+    commit offsets for them: the group coordinator refuses the stale
+    member's offsets (not any other failure), the transaction aborts, and
+    nothing is visible."""
     src, out = f"src.{uuid.uuid4().hex[:8]}", f"out.{uuid.uuid4().hex[:8]}"
     create_topic(settings.bootstrap_servers, src, 1)
     create_topic(settings.bootstrap_servers, out, 1)
@@ -188,7 +191,7 @@ def test_stale_group_metadata_fences_a_zombie_member(settings) -> None:
     successor = _group_consumer(settings, src, group)
     txns = _transactions(settings)
     try:
-        with pytest.raises(TransactionAborted):
+        with pytest.raises(TransactionAborted, match=STALE_MEMBER):
             with txns.transaction(lambda: [GroupOffsets([TopicPartition(src, 0, 5)],
                                                         lambda: stale)]) as txn:
                 txn.produce(out, b"zombie result")

@@ -44,11 +44,11 @@ from schemas import (
 from schemas.messages import FunctionCall
 from schemas.progress import producer_key
 from tests.kafka_helpers import read_all
+from tests.service_process import REPO as REPO  # re-exported: tests import it from here
+from tests.service_process import ServiceProcess, entry
 from tokenmill.kafka import topics
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def make_spec(run_id: str, partitions: int = 2, *, bucket: str | None = None,
@@ -229,14 +229,26 @@ def sink_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 
 def start_sink(settings: Settings, run_id: str, *args: str, log_path: Path,
-               env: dict[str, str] | None = None,
-               kill_at: str | None = None) -> subprocess.Popen[bytes]:
-    """`kill_at` ("STEP:N"): die at that step of the Nth transaction (tests/faults.py)."""
+               env: dict[str, str] | None = None, kill_at: str | None = None,
+               faults: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """`kill_at` ("STEP:N"): die at that step of the Nth transaction;
+    `faults`: more of tests/faults.py's options."""
     log_file = open(log_path, "ab")  # noqa: SIM115 - closed with the process
-    entry = ["tests.faults", "--kill-at", kill_at, "--"] if kill_at else ["tokenmill.cli"]
     return subprocess.Popen(
-        [sys.executable, "-m", *entry, "sink", "--run", run_id, *args],
+        [sys.executable, "-m", *entry(kill_at, faults), "sink", "--run", run_id, *args],
         env=env or sink_env(settings), stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+class SinkProcess(ServiceProcess):
+    """`tokenmill sink` as a child process (JSON log at `log_path`); `env`
+    over `sink_env(settings)`, e.g. another S3 endpoint."""
+
+    def __init__(self, settings: Settings, run_id: str, instance: str, log_path: Path,
+                 *args: str, env: dict[str, str] | None = None,
+                 faults: Sequence[str] = ()) -> None:
+        super().__init__([*entry(None, faults), "sink", "--run", run_id, "--instance", instance,
+                          *args], log_path, sink_env(settings, **(env or {})))
+        self.instance = instance
 
 
 def wait(proc: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> int:
@@ -254,7 +266,7 @@ def wait_for(predicate: Any, timeout_s: float = 30.0, what: str = "condition") -
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.2)
+        time.sleep(0.2)  # poll of a wait loop
     raise AssertionError(f"{what} not reached in {timeout_s}s")
 
 

@@ -4,14 +4,17 @@ ends up exactly once in S3 ∪ DLQ."""
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
-import time
 
 import boto3
 import pytest
 
 from sink.service import SinkService
+from tests.gate import Gate
+from tests.rebalance import STALE_MEMBER
+from tests.service_process import log_events
 from tests.sink.sink_helpers import (
     ServiceThread,
     assert_exactly_once,
@@ -22,12 +25,12 @@ from tests.sink.sink_helpers import (
     make_service,
     make_spec,
     publish_done,
+    sink_env,
     start_sink,
     variant,
     wait,
     wait_for,
 )
-from tests.sink.test_crash import _log_events
 from tokenmill.progress import read_run_progress
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(150)]
@@ -39,6 +42,10 @@ ARGS = ("--batch-size", "15", "--max-batch-age", "1", "--session-timeout", "6",
 def _records(spec, n):
     kinds = ["good"] * 6 + ["trivial", "failed"]
     return [variant(spec, i, kinds[i % len(kinds)]) for i in range(n)]
+
+
+def _log_events(log_path, since: int = 0) -> list[dict]:
+    return log_events(log_path.read_text()[since:])
 
 
 def _ownership(log_path) -> list[set[int]]:
@@ -57,25 +64,16 @@ def _committed_by(settings, run_id, instance) -> bool:
     return bool(mine and mine.s3_records + mine.dlq_records)
 
 
-def _start_pair(settings, run_id, tmp_path):
+def _start_pair(settings, run_id, tmp_path, gate: Gate | None = None):
+    """Sinks a and b, both owning partitions (their S3 calls through `gate`)."""
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
-    procs = {name: start_sink(settings, run_id, *ARGS, "--instance", name, log_path=logs[name])
+    procs = {name: start_sink(settings, run_id, *ARGS, "--instance", name, log_path=logs[name],
+                              env=sink_env(settings, TOKENMILL_S3_ENDPOINT_URL=gate.url(name))
+                              if gate else None)
              for name in ("a", "b")}
     wait_for(lambda: _owned(logs["a"]) and _owned(logs["b"])
              and len(_owned(logs["a"]) | _owned(logs["b"])) == 4, 60, "both instances assigned")
     return procs, logs
-
-
-def _feed_later(settings, spec, records):
-    def run() -> None:
-        for start in range(0, len(records), 40):
-            feed(settings, spec, records[start:start + 40], per_transaction=10,
-                 with_aborted=False)
-            time.sleep(0.3)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_one_instance_killed_mid_run(settings, run_id, tmp_path) -> None:
@@ -87,8 +85,18 @@ def test_one_instance_killed_mid_run(settings, run_id, tmp_path) -> None:
     procs, logs = _start_pair(settings, run_id, tmp_path)
     feed(settings, spec, records[:240])
     wait_for(lambda: _committed_by(settings, run_id, "a"), 60, "a's first commits")
-    feeder = _feed_later(settings, spec, records[240:])
-    time.sleep(0.5)
+    # more records arrive, in a few transactions, while a dies and b takes over
+    arriving = threading.Event()
+
+    def more() -> None:
+        for start in range(240, len(records), 40):
+            feed(settings, spec, records[start:start + 40], per_transaction=10,
+                 with_aborted=False)
+            arriving.set()
+
+    feeder = threading.Thread(target=more, daemon=True)
+    feeder.start()
+    assert arriving.wait(60)
     procs["a"].send_signal(signal.SIGKILL)
     assert procs["a"].wait(10) == -signal.SIGKILL
     feeder.join(60)
@@ -102,28 +110,55 @@ def test_one_instance_killed_mid_run(settings, run_id, tmp_path) -> None:
 
 def test_a_frozen_instance_wakes_up_after_its_partitions_moved(settings, run_id,
                                                                 tmp_path) -> None:
+    """a is frozen past its session with an upload in flight, which lands
+    in S3 while it is frozen: an object uploaded and never committed. b
+    takes its partitions over and commits them. Woken up, a's late commit
+    is refused (its group membership is stale) or its partitions are
+    declared lost; what it uploaded counts for nothing."""
     spec = make_spec(run_id, partitions=4)
     create_run(settings, spec)
     records = _records(spec, 480)
-    # Both own partitions before the first records arrive: with KIP-848 the
-    # first member to join would otherwise take everything at once.
-    procs, logs = _start_pair(settings, run_id, tmp_path)
-    feed(settings, spec, records[:240])
-    wait_for(lambda: _committed_by(settings, run_id, "a"), 60, "a's first commits")
-    procs["a"].send_signal(signal.SIGSTOP)  # frozen mid-run, past its session timeout
-    try:
-        feeder = _feed_later(settings, spec, records[240:])
-        wait_for(lambda: _owned(logs["b"]) == {0, 1, 2, 3}, 60, "b owns every partition")
-        feeder.join(60)
-        time.sleep(1.0)
-    finally:
-        procs["a"].send_signal(signal.SIGCONT)
-    publish_done(settings, run_id, len(records))
+    objects = f"/{settings.s3_bucket}/{run_id}/partition="  # batches, not the store check's
 
-    assert wait(procs["b"], 90, logs["b"]) == 0, logs["b"].read_text()[-3000:]
-    assert wait(procs["a"], 90, logs["a"]) == 0, logs["a"].read_text()[-3000:]
+    def puts(caller: str | None = None) -> int:
+        return sum(1 for r in gate.answered if r.method == "PUT" and r.status == 200
+                   and r.path.startswith(objects) and caller in (None, r.caller))
+
+    with Gate(settings.s3_endpoint_url or "") as gate:
+        procs, logs = _start_pair(settings, run_id, tmp_path, gate)
+        feed(settings, spec, records[:240])
+        wait_for(lambda: _committed_by(settings, run_id, "a"), 60, "a's first commits")
+        uploads = gate.hold(callers={"a"}, paths=(objects,), methods={"PUT"})
+        feed(settings, spec, records[240:360])
+        gate.wait(lambda: gate.count("a").held, 60, "an upload of a's in flight")
+        procs["a"].send_signal(signal.SIGSTOP)  # frozen mid-run, past its session timeout
+        try:
+            before = puts("a")
+            uploads.release()  # its objects land in S3 while it is frozen
+            gate.wait(lambda: not gate.count("a").pending, 60, "a's uploads done")
+            late = puts("a") - before
+            wait_for(lambda: _owned(logs["b"]) == {0, 1, 2, 3}, 60, "b owns every partition")
+            mark = len(logs["a"].read_text())
+        finally:
+            procs["a"].send_signal(signal.SIGCONT)
+        refused = gate.wait(lambda: [e for e in _log_events(logs["a"], mark)
+                                     if e.get("event") == "transaction aborted"
+                                     and re.search(STALE_MEMBER, e.get("cause", ""))
+                                     or e.get("event") == "partitions lost"
+                                     and e.get("partitions")], 120,
+                            "a's late commit refused, or its partitions lost")
+        feed(settings, spec, records[360:])
+        publish_done(settings, run_id, len(records))
+
+        assert wait(procs["b"], 90, logs["b"]) == 0, logs["b"].read_text()[-3000:]
+        assert wait(procs["a"], 90, logs["a"]) == 0, logs["a"].read_text()[-3000:]
     assert_exactly_once(settings, run_id, {r.id for r in records})
-    assert read_run_progress(settings, run_id).persisted == len(records)
+    progress = read_run_progress(settings, run_id)
+    assert progress.persisted == len(records)
+    committed = sum(sink.s3_objects for sink in progress.sinks.values())
+    # a's late objects were never committed: S3 took that many more
+    # uploads than the sinks committed objects.
+    assert late >= 1 and puts() - committed >= late, (puts(), committed, late, refused)
 
 
 class _Recording(SinkService):
