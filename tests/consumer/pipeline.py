@@ -79,7 +79,7 @@ class Publisher:
         spec = self.spec
         for start in range(self.out, end, chunk):
             if start > self.out and pace_s:
-                time.sleep(pace_s)  # the pace of the producer's input
+                time.sleep(pace_s)  # a paced input: the producer's pace, not a wait
             self.producer.begin_transaction()
             for prompt in self.prompts[start:min(start + chunk, end)]:
                 partition = prompt.seq % spec.partitions
