@@ -115,26 +115,19 @@ def step_stats(step: Step) -> StepStats:
                      step.carried)
 
 
-class _Assistant(msgspec.Struct, omit_defaults=True):
-    role: str
-    content: str | None
-    reasoning_content: str | None = None
-    tool_calls: tuple[ToolCall, ...] | None = None
-
-
 class _OpenAI(msgspec.Struct, omit_defaults=True):
     id: str
     run: str
     settings_hash: str
-    messages: list[Message | _Assistant]
+    messages: list[Message | formats.AssistantMessage]
     outcome: str
     steps: list[StepStats]
     tools: tuple[Tool, ...] | None = None
 
 
 def openai_line(sample: ConversationSample) -> bytes:
-    messages: list[Message | _Assistant] = [
-        message if step is None else _Assistant("assistant", step.content,
+    messages: list[Message | formats.AssistantMessage] = [
+        message if step is None else formats.AssistantMessage("assistant", step.content,
                                                 step.reasoning_content, step.tool_calls)
         for message, step in paired(sample)]
     return _encoder.encode(_OpenAI(sample.id, sample.run, sample.settings_hash, messages,

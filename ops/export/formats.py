@@ -68,7 +68,10 @@ def tools_json(tools: tuple[Tool, ...] | None) -> str:
 # -- openai ---------------------------------------------------------------------------
 
 
-class _Assistant(msgspec.Struct, omit_defaults=True):
+class AssistantMessage(msgspec.Struct, omit_defaults=True):
+    """The model's own turn in the openai format (reasoning kept apart from
+    the visible content); conversation rows use it too."""
+
     role: str
     content: str | None
     reasoning_content: str | None = None
@@ -79,13 +82,13 @@ class _OpenAI(msgspec.Struct, omit_defaults=True):
     id: str
     run: str
     settings_hash: str
-    messages: tuple[Message | _Assistant, ...]
+    messages: tuple[Message | AssistantMessage, ...]
     tools: tuple[Tool, ...] | None = None
 
 
 def openai_line(sample: TrainingSample) -> bytes:
     turn = sample.completion
-    generated = _Assistant("assistant", turn.content, turn.reasoning_content, turn.tool_calls)
+    generated = AssistantMessage("assistant", turn.content, turn.reasoning_content, turn.tool_calls)
     return _encoder.encode(_OpenAI(sample.id, sample.run, sample.settings_hash,
                                    (*sample.messages, generated), sample.tools)) + b"\n"
 
