@@ -66,6 +66,8 @@ in_s3 = []
 if any(b["Name"] == "tokenmill" for b in s3.list_buckets()["Buckets"]):
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket="tokenmill"):
         for item in page.get("Contents", []):
+            if "/partition=" not in item["Key"]:
+                continue  # the sink's start-up store check's scratch keys, for one
             body = s3.get_object(Bucket="tokenmill", Key=item["Key"])["Body"].read()
             if item["Key"].endswith(".zst"):
                 body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
