@@ -73,6 +73,10 @@ def run_service(run: Callable[[], int], *,
         exit_now(str(exc))
     except KafkaException as exc:
         exit_now(f"kafka: {exc.args[0] if exc.args else exc}")
+    except TimeoutError as exc:
+        # a bounded wait (a committed read, a full queue) ran out: beyond
+        # this process's repair, not a traceback
+        exit_now(f"gave up waiting: {exc}")
 
 
 _AUTHORIZATION_ERRORS = {"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
@@ -93,6 +97,19 @@ def refused_access(settings: Settings, exc: BaseException) -> str | None:
             "prints (to a principal without DESCRIBE, a topic looks missing)")
 
 
+def kafka_failure(settings: Settings, exc: BaseException) -> str | None:
+    """One line for a Kafka call that failed for a reason other than ACLs (a
+    broker down or restarting past the call's timeout): the supervisor's
+    restart retries it (None: not a Kafka failure)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(exc, KafkaException):
+        return None
+    error = exc.args[0] if exc.args else None
+    what = f"{error.str()} ({error.name()})" if isinstance(error, KafkaError) else str(exc)
+    return f"Kafka at {settings.bootstrap_servers} failed: {what}; is a broker down or restarting?"
+
+
 def service_command(func: F) -> F:
     """Adds the shared options; the wrapped function receives `settings`."""
 
@@ -107,7 +124,7 @@ def service_command(func: F) -> F:
         except _known_errors() as exc:
             raise click.ClickException(str(exc)) from None
         except Exception as exc:
-            refused = refused_access(settings, exc)
+            refused = refused_access(settings, exc) or kafka_failure(settings, exc)
             if refused is None:
                 raise
             raise click.ClickException(refused) from None

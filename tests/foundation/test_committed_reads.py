@@ -12,11 +12,16 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tokenmill.kafka import clients, compacted
-from tokenmill.kafka.committed import READER_CONFIG, last_stable_offsets, read_partition
+from tokenmill.kafka.committed import (
+    READER_CONFIG,
+    last_stable_offsets,
+    read_error_is_final,
+    read_partition,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -168,3 +173,17 @@ def test_a_read_of_keys_no_undecided_record_holds_does_not_wait(settings) -> Non
         other.abort_transaction(30)
     assert compacted.read_to_end(settings, behind, lambda k: k == "count",
                                  few_keys=True) == {"count": b"2"}
+
+
+@pytest.mark.parametrize(("code", "final"), [
+    (KafkaError.NOT_COORDINATOR, False),  # a broker restarting mid-read
+    (KafkaError._TRANSPORT, False),
+    (KafkaError._TIMED_OUT, False),
+    (KafkaError.UNKNOWN_TOPIC_OR_PART, True),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, True),
+    (KafkaError._AUTHENTICATION, True),
+])
+def test_a_read_waits_out_what_the_client_retries_and_ends_on_what_it_cannot(
+        code: int, final: bool) -> None:
+    assert read_error_is_final(KafkaError(code)) is final
+    assert read_error_is_final(KafkaError(KafkaError.NOT_COORDINATOR, fatal=True))

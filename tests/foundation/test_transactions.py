@@ -27,6 +27,7 @@ from tokenmill.kafka.transactions import (
     TransactionHooks,
     Transactions,
     classify,
+    guard_limit,
 )
 from tokenmill.watchdog import Overdue, Watchdog, overdue
 
@@ -108,6 +109,14 @@ def test_watchdog_fires_on_a_call_past_its_limit() -> None:
     finally:
         dog.stop()
     assert fired and fired[0].what == "a stuck call" and fired[0].blocked_s > 0.1
+
+
+def test_a_send_offsets_call_past_its_own_timeout_is_the_known_hang() -> None:
+    """librdkafka #5456/#5511: the watchdog ends it just past its timeout,
+    not after the doubled limit the other steps get."""
+    assert guard_limit("send_offsets_to_transaction", 30.0) == 35.0
+    assert guard_limit("commit_transaction", 30.0) == 70.0
+    assert guard_limit("abort_transaction", 20.0) == 50.0
 
 
 def test_backoff_grows_to_its_cap() -> None:

@@ -95,6 +95,21 @@ def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: Offset
             time.sleep(0.2)
 
 
+# What a reader cannot outwait: the topic or partition is not there, or the
+# broker's ACLs refuse it (clients.refused_by_acl). Anything else a consumer
+# reports mid-read (a broker restarting: NOT_COORDINATOR, transport
+# failures, timed-out fetches) librdkafka retries on its own.
+_FINAL_READ_ERRORS = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+                      KafkaError._UNKNOWN_PARTITION, KafkaError._AUTHENTICATION}
+
+
+def read_error_is_final(error: KafkaError) -> bool:
+    """Whether a consumer error ends a read, rather than being waited out
+    within its deadline (pure, tested directly)."""
+    return (error.fatal() or error.code() in _FINAL_READ_ERRORS
+            or clients.refused_by_acl(error))
+
+
 def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
                    timeout_s: float = READ_TIMEOUT_S, start: int = -2) -> Iterator[Message]:
     """Committed records of one partition from `start` (default: its
@@ -120,7 +135,9 @@ def read_partition(consumer: Consumer, topic: str, partition: int, end: int,
                 error = message.error()
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(f"reading {topic}: {error}")
+                        if read_error_is_final(error):
+                            raise RuntimeError(f"reading {topic}: {error}")
+                        continue  # the client retries it; the deadline bounds the wait
                     if message.partition() == partition and offset_of(message) >= end:
                         return
                     continue

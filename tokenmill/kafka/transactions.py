@@ -150,6 +150,24 @@ class GroupOffsets:
 STEP_BACKOFF = Backoff(first_s=0.1, cap_s=2.0)
 
 
+# librdkafka's send_offsets_to_transaction can block past the timeout given
+# to it: its coordinator request's own timeout is never checked (librdkafka
+# #5456), and a coordinator cached across a broker restart is not looked up
+# again (#5511). Seen here in the broker-fault test: a sink stuck in it for
+# the whole watchdog limit after the broker was back. Past its timeout by
+# this margin, it is that hang.
+SEND_OFFSETS_MARGIN_S = 5.0
+
+
+def guard_limit(what: str, timeout_s: float) -> float:
+    """How long the watchdog lets a transaction step block (pure). A step
+    given `timeout_s` may take longer when librdkafka retries inside it;
+    send_offsets_to_transaction past its own timeout is the known hang."""
+    if what == "send_offsets_to_transaction":
+        return timeout_s + SEND_OFFSETS_MARGIN_S
+    return timeout_s * 2 + 10
+
+
 class Transaction:
     """An open transaction; produce into it, send offsets, then leave the
     `with` block to commit."""
@@ -252,7 +270,7 @@ class Transactions:
         """The call, bounded by the watchdog (if any); errors pass unchanged."""
         if self.watchdog is None:
             return call()
-        with self.watchdog.guard(what, self.timeout_s * 2 + 10):
+        with self.watchdog.guard(what, guard_limit(what, self.timeout_s)):
             return call()
 
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
