@@ -93,12 +93,13 @@ def stored(endpoint: str | None, bucket: str, prefix: str, read_ids: bool = True
 
 
 def topic_bytes(data_dirs: list[Path], topic: str) -> int:
-    """Bytes on disk of every partition replica of `topic` in the brokers' data dirs."""
+    """Bytes of the log segments (`*.log`: the records; the index files are
+    preallocated) of every partition replica of `topic` in the brokers' data dirs."""
     total = 0
     for data in data_dirs:
         for part in data.glob(f"{topic}-*"):
             if part.is_dir() and part.name.rsplit("-", 1)[1].isdigit():
-                total += sum(_size(f) for f in part.iterdir())
+                total += sum(_size(f) for f in part.glob("*.log"))
     return total
 
 

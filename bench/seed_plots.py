@@ -11,10 +11,13 @@ from typing import Any
 
 from bench.seed_figures import Series, rates
 
-SMOOTH_S = 10.0
+
+def smoothing_s(t0: float, t1: float) -> float:
+    """The averaging window of a plot: 1% of the run, at least 2 s."""
+    return max(2.0, (t1 - t0) / 100)
 
 
-def smooth(series: Series, window_s: float = SMOOTH_S) -> list[tuple[float, float]]:
+def smooth(series: Series, window_s: float) -> list[tuple[float, float]]:
     """Trailing mean over `window_s` (a simple moving average, for reading)."""
     out: list[tuple[float, float]] = []
     start, total = 0, 0.0
@@ -48,12 +51,14 @@ def gpus(path: Path, sides: Mapping[str, tuple[float, float]],
     fig, axes = plt.subplots(2, len(sides), figsize=(7 * len(sides), 8), squeeze=False,
                              sharey="row")
     for col, (side, (t0, t1)) in enumerate(sides.items()):
+        window_s = smoothing_s(t0, t1)
         for name, metrics in gpu.items():
             window = [(t, v) for t, v in metrics.get("tokens", []) if t0 <= t <= t1 + 5]
-            _plot(axes[0][col], smooth(rates(window)), t0, label=name, linewidth=0.8)
+            _plot(axes[0][col], smooth(rates(window), window_s), t0, label=name,
+                  linewidth=0.8)
             busy = [(t, v / cap) for t, v in metrics.get("running", []) if t0 <= t <= t1 + 5]
-            _plot(axes[1][col], smooth(busy), t0, label=name, linewidth=0.8)
-        axes[0][col].set_title(f"{side}: generated tokens/s per GPU ({SMOOTH_S:.0f} s mean)")
+            _plot(axes[1][col], smooth(busy, window_s), t0, label=name, linewidth=0.8)
+        axes[0][col].set_title(f"{side}: generated tokens/s per GPU ({window_s:.0f} s mean)")
         axes[1][col].set_title(f"{side}: busy share (running / {cap} slots)")
         axes[1][col].set_xlabel("seconds since launch")
         axes[1][col].set_ylim(0, 1.05)
