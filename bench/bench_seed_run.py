@@ -458,6 +458,7 @@ def plots(out: Path, m: Measured) -> None:
     rss = {n: [s for s in v if tm.launched_at <= s[0] <= tm.ended_at + 60]
            for n, v in samples.rss.items() if n != "baseline"}
     seed_plots.rss(Path(f"{stem}-rss.png"), tm.launched_at, rss)
+    seed_plots.workers(Path(f"{stem}-workers.png"), tm.launched_at, tm.ended_at, samples.workers)
     seed_plots.latency(Path(f"{stem}-status.png"), tm.launched_at,
                        [(p.at, p.seconds) for p in tm.status if p.ok],
                        [(p.at, p.seconds) for p in tm.done_checks if p.ok], STATUS_LIMIT_S)

@@ -99,3 +99,24 @@ def latency(path: Path, t0: float, status: Sequence[tuple[float, float]],
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def workers(path: Path, t0: float, t1: float,
+            series: Mapping[str, Mapping[str, Series]]) -> Path:
+    """Each worker's requests in flight and results waiting to commit (its
+    own /metrics): where a GPU's missing requests are."""
+    plt = _pyplot()
+    keys = ("in_flight", "waiting_results", "lag")
+    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 3.2 * len(keys)), sharex=True)
+    window_s = smoothing_s(t0, t1)
+    for ax, key in zip(axes, keys, strict=True):
+        for name, metrics in sorted(series.items()):
+            points = [(t, v) for t, v in metrics.get(key, []) if t0 <= t <= t1 + 5]
+            _plot(ax, smooth(points, window_s), t0, label=name, linewidth=0.8)
+        ax.set_title(f"tokenmill_consumer_{key} per worker ({window_s:.0f} s mean)")
+    axes[0].legend(fontsize="small", ncol=4)
+    axes[-1].set_xlabel("seconds since launch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

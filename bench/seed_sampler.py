@@ -24,6 +24,12 @@ PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 GPU_METRICS = {"sglang:num_running_reqs": "running", "sglang:num_requests_total": "requests",
                "sglang:generation_tokens_total": "tokens"}
+# A worker's own view (`tokenmill consume --metrics-port`): where a GPU's
+# missing requests are (not fetched yet, fetched and waiting, or held back).
+WORKER_METRICS = {"tokenmill_consumer_in_flight": "in_flight",
+                  "tokenmill_consumer_lag": "lag",
+                  "tokenmill_consumer_waiting_results": "waiting_results",
+                  "tokenmill_consumer_assigned_partitions": "partitions"}
 
 
 def proc_usage(pid: int) -> tuple[int, float] | None:
@@ -41,17 +47,27 @@ def proc_usage(pid: int) -> tuple[int, float] | None:
     return rss_pages * PAGE, (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """The GPU_METRICS values of one /metrics page, summed over label sets."""
+def parse_metrics(text: str, wanted: dict[str, str] = GPU_METRICS) -> dict[str, float]:
+    """The `wanted` values (metric name -> key) of one Prometheus page,
+    summed over label sets."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("#"):
+        if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in GPU_METRICS:
-            key = GPU_METRICS[name]
+        if name in wanted:
+            key = wanted[name]
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def scrape(url: str, wanted: dict[str, str]) -> dict[str, float]:
+    """One Prometheus page's `wanted` values; nothing when it cannot be read."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return parse_metrics(response.read().decode(), wanted)
+    except (OSError, ValueError):
+        return {}
 
 
 @dataclass
@@ -64,6 +80,9 @@ class Samples:
     # gauges read by a function (e.g. a topic's bytes on disk), every `gauge_every` ticks
     gauges: dict[str, list[tuple[float, float]]] = field(
         default_factory=lambda: defaultdict(list))
+    # worker name -> metric ("in_flight", "lag", ...) -> series
+    workers: dict[str, dict[str, list[tuple[float, float]]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
 
 
 class Sampler:
@@ -79,6 +98,7 @@ class Sampler:
         self._ticks = 0
         self.samples = Samples()
         self._procs: dict[str, int] = {}
+        self._workers: dict[str, str] = {}  # name -> metrics URL
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="seed-sampler", daemon=True)
@@ -86,6 +106,11 @@ class Sampler:
     def watch(self, name: str, pid: int) -> None:
         with self._lock:
             self._procs[name] = pid
+
+    def watch_metrics(self, name: str, url: str) -> None:
+        """Sample a worker's Prometheus page (WORKER_METRICS) too."""
+        with self._lock:
+            self._workers[name] = url
 
     def start(self) -> Sampler:
         self._thread.start()
@@ -105,13 +130,13 @@ class Sampler:
                 self.samples.rss[name].append((now, float(usage[0])))
                 self.samples.cpu[name].append((now, usage[1]))
         for name, url in self.gpus.items():
-            try:
-                with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
-                    values = parse_metrics(response.read().decode())
-            except OSError:
-                continue
-            for key, value in values.items():
+            for key, value in scrape(f"{url}/metrics", GPU_METRICS).items():
                 self.samples.gpu[name][key].append((now, value))
+        with self._lock:
+            workers = dict(self._workers)
+        for name, url in workers.items():
+            for key, value in scrape(url, WORKER_METRICS).items():
+                self.samples.workers[name][key].append((now, value))
         if self._ticks % self.gauge_every == 0:
             for name, read in list(self.gauges.items()):
                 self.samples.gauges[name].append((now, read()))

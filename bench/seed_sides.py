@@ -35,6 +35,7 @@ from bench.seed_sampler import Sampler
 from bench.services import ROOT, child_env, tokenmill_argv
 from bench.timing import Exited, Launched
 from consumer.sglang_client import request_body
+from devstack.processes import free_port
 from schemas import PromptRecord
 from tokenmill import run_done
 from tokenmill.registry import RunRegistry
@@ -192,8 +193,10 @@ def run_tokenmill(settings: Settings, run_id: str, files: list[Path], urls: list
     try:
         registered_at = wait_registered(settings, run_id, procs["producer"])
         for i, url in enumerate(urls):
+            port = free_port()
             launch(f"worker{i}", consume_argv(run_id, url, f"w{i}", "--concurrency",
-                                              str(concurrency)))
+                                              str(concurrency), "--metrics-port", str(port)))
+            sampler.watch_metrics(f"worker{i}", f"http://127.0.0.1:{port}/metrics")
         launch("sink", tokenmill_argv("sink", "--run", run_id, "--until-done",
                                       "--instance", "sink0"))
         probes = StatusProbes(settings, run_id)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
 from bench import seed_figures as f
+from bench import seed_plots, seed_sampler
 
 
 def test_middle_window_drops_a_tenth_at_each_end() -> None:
@@ -60,3 +62,27 @@ def test_at_fractions() -> None:
 def test_lost_and_duplicated_by_id() -> None:
     assert f.lost_and_duplicated(["a", "b", "c"], ["a", "b", "c"]) == (0, 0, 0)
     assert f.lost_and_duplicated(["a", "b", "c"], ["a", "a", "a", "x"]) == (2, 2, 1)
+
+
+def test_a_prometheus_page_is_read_by_name_summed_over_labels() -> None:
+    page = ("# HELP sglang:num_running_reqs The number of running requests.\n"
+            "# TYPE sglang:num_running_reqs gauge\n"
+            'sglang:num_running_reqs{model_name="m"} 64.0\n'
+            'sglang:num_requests_total{model_name="m"} 10.0\n'
+            'sglang:num_requests_total{model_name="n"} 5.0\n'
+            "sglang:num_queue_reqs 8.0\n"
+            "tokenmill_consumer_in_flight 72.0\n")
+    assert seed_sampler.parse_metrics(page) == {"running": 64.0, "requests": 15.0}
+    assert seed_sampler.parse_metrics(page, seed_sampler.WORKER_METRICS) == {"in_flight": 72.0}
+
+
+def test_a_process_reads_its_own_usage() -> None:
+    usage = seed_sampler.proc_usage(os.getpid())
+    assert usage is not None and usage[0] > 0 and usage[1] > 0
+
+
+def test_smoothing_is_a_trailing_mean() -> None:
+    points = [(0.0, 0.0), (1.0, 2.0), (2.0, 4.0), (3.0, 6.0)]
+    assert seed_plots.smooth(points, 1.0) == [(0.0, 0.0), (1.0, 1.0), (2.0, 3.0), (3.0, 5.0)]
+    assert seed_plots.smoothing_s(0.0, 100.0) == 2.0
+    assert seed_plots.smoothing_s(0.0, 1500.0) == 15.0
