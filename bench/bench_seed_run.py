@@ -312,7 +312,7 @@ def busy_figure(m: Measured) -> Figure:
     shares = busy_shares(m)
     ratios = {g: (s["tokenmill"] / s["baseline"] if s["baseline"] else math.nan)
               for g, s in shares.items()}
-    worst = min(ratios, key=lambda g: ratios[g])
+    worst = min(ratios, key=lambda g: (not math.isnan(ratios[g]), ratios[g]))  # NaN first
     worst_ratio = round(ratios[worst], 3)
     return Figure(
         name=f"seed run, busy share of each GPU, middle 80% (lowest: {worst})",
@@ -422,10 +422,31 @@ def loss_figure(m: Measured) -> Figure:
         details=dict(c))
 
 
+UNMEASURED = 1e9  # stands for a figure that could not be measured (JSON has no NaN)
+
+
+def finite(figure: Figure) -> Figure:
+    """A figure whose value or ratio is NaN (nothing sampled) becomes a miss
+    with a note, not a NaN (which JSON writes as null)."""
+    def bad(x: float | None) -> bool:
+        return x is not None and not math.isfinite(x)
+
+    if not (bad(figure.tokenmill) or bad(figure.ratio) or bad(figure.baseline)):
+        return figure
+    notes = [*figure.details.get("notes", []), "not measured (no samples in the window)"]
+    low = figure.target.startswith(">")
+    fix = 0.0 if low else UNMEASURED
+    return msgspec.structs.replace(
+        figure, met=False, details={**figure.details, "notes": notes},
+        tokenmill=fix if bad(figure.tokenmill) else figure.tokenmill,
+        baseline=fix if bad(figure.baseline) else figure.baseline,
+        ratio=fix if bad(figure.ratio) else figure.ratio)
+
+
 def build_figures(m: Measured, args: argparse.Namespace) -> list[Figure]:
     table = process_table(m)
-    figures = [makespan_figure(m), busy_figure(m), rss_figure(m, table), status_figure(m),
-               topic_figure(m), loss_figure(m)]
+    figures = [finite(f) for f in (makespan_figure(m), busy_figure(m), rss_figure(m, table),
+                                   status_figure(m), topic_figure(m), loss_figure(m))]
     figures[0].details["time_scale"] = args.time_scale
     figures[0].details["text_words"] = args.text_words
     return figures

@@ -86,3 +86,17 @@ def test_smoothing_is_a_trailing_mean() -> None:
     assert seed_plots.smooth(points, 1.0) == [(0.0, 0.0), (1.0, 1.0), (2.0, 3.0), (3.0, 5.0)]
     assert seed_plots.smoothing_s(0.0, 100.0) == 2.0
     assert seed_plots.smoothing_s(0.0, 1500.0) == 15.0
+
+
+def test_a_figure_without_samples_is_a_miss_not_a_nan() -> None:
+    from bench.bench_seed_run import UNMEASURED, finite
+    from bench.figures import Figure
+
+    def figure(target: str, value: float) -> Figure:
+        return Figure(name="n", unit="x", tokenmill=value, baseline=None, baseline_name=None,
+                      ratio=None, target=target, met=True, method="m")
+
+    assert finite(figure("<= 1.1", 1.0)) == figure("<= 1.1", 1.0)
+    upper = finite(figure("<= 1.1", math.nan))
+    assert upper.tokenmill == UNMEASURED and not upper.met and upper.details["notes"]
+    assert finite(figure(">= 0.99", math.nan)).tokenmill == 0.0
