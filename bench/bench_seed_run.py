@@ -269,17 +269,19 @@ def busy_shares(m: Measured) -> dict[str, dict[str, float]]:
 
 
 def fixed_costs(m: Measured) -> dict[str, float | None]:
-    """Launch to the first request any server runs, and the last result any
-    server finished to the side's end, each side, from the servers' own
-    gauges and counters (sampled every second)."""
+    """Launch to the first request any server runs (its running-requests
+    gauge, sampled every second), each side, and tokenmill's last result
+    (the servers' request counters, same sampling) to its end; the
+    baseline's own last answer to its last upload is exact (it reports both)."""
     out: dict[str, float | None] = {}
-    for side, (t0, t1) in side_windows(m).items():
-        gpus = m.samples.gpu.values()
+    gpus = m.samples.gpu.values()
+    for side, (t0, _) in side_windows(m).items():
         firsts = [t for g in gpus if (t := sf.first_rise(g["running"], t0)) is not None]
-        lasts = [t for g in gpus
-                 if (t := sf.last_rise([s for s in g["requests"] if s[0] <= t1 + 2])) is not None]
         out[f"{side}_launch_to_first_request_s"] = round(min(firsts) - t0, 1) if firsts else None
-        out[f"{side}_last_result_to_end_s"] = round(t1 - max(lasts), 1) if lasts else None
+    t1 = m.tokenmill.ended_at
+    lasts = [t for g in gpus
+             if (t := sf.last_rise([s for s in g["requests"] if s[0] <= t1 + 2])) is not None]
+    out["tokenmill_last_result_to_end_s"] = round(t1 - max(lasts), 1) if lasts else None
     return out
 
 
