@@ -36,7 +36,7 @@ from bench.services import ROOT, child_env, tokenmill_argv
 from bench.timing import Exited, Launched
 from consumer.sglang_client import request_body
 from devstack.processes import free_port
-from schemas import PromptRecord
+from schemas import GenerationSettings, PromptRecord
 from tokenmill import run_done
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
@@ -218,7 +218,7 @@ def run_tokenmill(settings: Settings, run_id: str, files: list[Path], urls: list
 
 
 def seed_order_bodies(settings: Settings, run_id: str, files: list[Path], out: Path,
-                      spec_generation: object) -> list[str]:
+                      generation: GenerationSettings) -> list[str]:
     """The exact request bodies tokenmill sent for the run's prompts, written
     to `out` in the seed's order (input files as given, lines in order: the
     tool prompts last); returns the published prompt ids (read with kafka-python)."""
@@ -227,7 +227,7 @@ def seed_order_bodies(settings: Settings, run_id: str, files: list[Path], out: P
     keyed: list[tuple[int, int, bytes, str]] = []
     for value in stream_values(settings.bootstrap_servers, f"tokenmill.{run_id}.prompts"):
         prompt = decoder.decode(value)
-        body = msgspec.json.encode(request_body(prompt, spec_generation))  # type: ignore[arg-type]
+        body = msgspec.json.encode(request_body(prompt, generation))
         keyed.append((rank.get(Path(prompt.source).name, len(rank)), prompt.line, body,
                       prompt.id))
     keyed.sort(key=lambda k: (k[0], k[1]))
