@@ -32,7 +32,7 @@ What is scaled, and why:
   stays whole). `usage.completion_tokens`, `reasoning_tokens`, timing and
   `finish_reason` still describe the full answer (4,096-token cuts are
   `length`), so throughput, busy share and what goes to the DLQ are the
-  seed's; the bytes per record are not (about 1-2 KB instead of ~12 KB).
+  seed's; the bytes per record are not (about 1.4 KB per S3 line instead of ~12 KB).
   Both sides get the same servers and therefore the same short text;
 - nothing else: the prompt count, the mix, the partition count (28), the
   batch size, the concurrency and the number of processes are the seed's.
