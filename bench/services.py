@@ -30,10 +30,11 @@ def _pin(pid: int, cores: set[int]) -> None:
 
 
 @contextmanager
-def bench_settings(kafka_heap: str = "1g", services_cores: set[int] | None = None
-                   ) -> Iterator[Settings]:
+def bench_settings(kafka_heap: str = "1g", services_cores: set[int] | None = None,
+                   brokers: int = 1) -> Iterator[Settings]:
     """Settings for the services; `services_cores` pins a private stack's
-    broker and S3 server (so they stay off the core a benchmark measures on)."""
+    broker and S3 server (so they stay off the core a benchmark measures on);
+    `brokers`: a private stack's Kafka nodes (its state: `stack_state`)."""
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
         if os.environ.get("TOKENMILL_BOOTSTRAP_SERVERS"):
             settings = load_settings()
@@ -42,6 +43,7 @@ def bench_settings(kafka_heap: str = "1g", services_cores: set[int] | None = Non
         from devstack import s3_server, stack
 
         state, _ = stack.up(stack.StackPlan.on_free_ports(Path(tmp) / "stack",
+                                                         brokers=brokers,
                                                          kafka_heap=kafka_heap))
         os.environ.setdefault("AWS_ACCESS_KEY_ID", s3_server.DEV_ACCESS_KEY)
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", s3_server.DEV_SECRET_KEY)
@@ -54,6 +56,11 @@ def bench_settings(kafka_heap: str = "1g", services_cores: set[int] | None = Non
                            state_dir=Path(tmp))
         finally:
             stack.down(Path(tmp) / "stack")
+
+
+def stack_dir(settings: Settings) -> Path:
+    """Where `bench_settings` keeps a private stack (its `stack.json`, broker data)."""
+    return Path(settings.state_dir) / "stack"
 
 
 def child_env(settings: Settings) -> dict[str, str]:

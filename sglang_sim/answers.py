@@ -274,3 +274,27 @@ def raw_text(c: Completion) -> str:
     if not c.think_closed:
         return f"<think>\n{c.reasoning}" if c.reasoning else "<think>\n"
     return f"<think>\n{c.reasoning}\n</think>\n\n{c.content}"
+
+
+def first_words(text: str, words: int) -> str:
+    """The first `words` space-separated words of `text` (all of it when shorter)."""
+    parts = text.split(" ", words)
+    return text if len(parts) <= words else " ".join(parts[:words])
+
+
+def clip_text(c: Completion, plan: Plan, words: int) -> Completion:
+    """`c` with at most `words` words of reasoning and of content (0: as is).
+    A whole tool-call block stays whole after the clipped preface, so the
+    parser still finds the call; token counts and finish_reason are kept:
+    they describe the answer the model produced, of which only the text is
+    shortened (the simulator's `text_words_max`, for benchmarks)."""
+    if words <= 0:
+        return c
+    content = c.content
+    block = plan.tool_block
+    if block is not None and content.endswith(block):
+        preface = first_words(content[: -len(block)].rstrip("\n"), words)
+        content = f"{preface}\n\n{block}" if preface else block
+    else:
+        content = first_words(content, words)
+    return msgspec.structs.replace(c, reasoning=first_words(c.reasoning, words), content=content)

@@ -60,6 +60,9 @@ HELP: dict[str, str] = {
     "length_max": "Longest natural answer in tokens.",
     "thinking_share_min": "Smallest share of an answer spent thinking.",
     "thinking_share_max": "Largest share of an answer spent thinking.",
+    "text_words_max": ("Return at most this many words of reasoning and of content; usage, "
+                       "timing and finish_reason follow the full answer (0 = full text; "
+                       "benchmarks only)."),
     "warmup_seconds": "Seconds after start with /health 503 and chat 503.",
     "error_rate": "Share of chat requests answered with a 5xx error.",
     "error_status": "HTTP status of injected errors.",

@@ -27,7 +27,7 @@ class InvalidConfig(ValueError):
 _MINIMA: dict[str, float] = {
     "port": 0, "eos_token_id": 0, "decode_rate": 0, "prefill_rate": 0, "max_total_tok_s": 0,
     "max_total_num_tokens": 1, "speculative_num_draft_tokens": 1, "length_sigma": 0,
-    "warmup_seconds": 0, "stall_seconds": 0, "crash_after": 1,
+    "warmup_seconds": 0, "stall_seconds": 0, "crash_after": 1, "text_words_max": 0,
 }
 
 
@@ -78,6 +78,11 @@ class SimulatorConfig(msgspec.Struct, kw_only=True, frozen=True):
     length_max: int = 32768
     thinking_share_min: float = 0.6
     thinking_share_max: float = 0.9
+    # Not an SGLang setting: benchmarks that cannot afford the bytes of full
+    # answers (bench/bench_seed_run.py) return at most this many words of
+    # reasoning and of content (a tool-call block stays whole); token counts,
+    # timing and finish_reason still follow the full answer. 0 = full text.
+    text_words_max: int = 0
 
     # --- faults -------------------------------------------------------------
     warmup_seconds: float = 0.0

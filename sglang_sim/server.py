@@ -315,6 +315,7 @@ def _generate(state: SimulatorState, request: ChatCompletionRequest, key: bytes,
                                   eos_token_id=state.config.eos_token_id, stops=stops,
                                   ignore_eos=request.ignore_eos,
                                   no_stop_trim=request.no_stop_trim, abort_at=abort_at)
+    completion = answers.clip_text(completion, plan, state.config.text_words_max)
     return Generated(completion=completion, parsed=parse_output(state, request, completion),
                      spec_u=unit(key, 4))
 
