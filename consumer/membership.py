@@ -56,6 +56,25 @@ class Slot:
                             self.consumer.consumer_group_metadata)
 
 
+# What a slot's consumer fetches ahead. A worker takes at most its in-flight
+# limit of prompts at a time, but librdkafka's defaults (100,000 messages per
+# partition queued, bounded only by the 16 MiB a queue was given, plus the
+# 8 MiB per-partition fetch the other consumers use for the largest
+# records) grew one worker holding the 28 partitions of a seed-size run to
+# 593 MiB resident, kept for the rest of the run (the seed run's benchmark:
+# workers ended at 0.3-0.8 GiB). With these, the same worker stays at
+# 165 MiB (/tmp/exp/rss.py in issue 27's note); 1 MiB is still about 800
+# seed prompts, refilled by a fetch in milliseconds, and a record larger
+# than a fetch is returned whole anyway (the broker returns the first batch
+# of a fetch whatever its size, KIP-74).
+FETCH_CONFIG: dict[str, Any] = {
+    "queued.max.messages.kbytes": 1024,
+    "queued.min.messages": 1000,
+    "fetch.message.max.bytes": 1024 * 1024,
+    "fetch.max.bytes": 4 * 1024 * 1024,
+}
+
+
 @dataclass(frozen=True)
 class MembershipConfig:
     protocol: groups.GroupProtocol = "consumer"
@@ -95,7 +114,7 @@ class Membership:
         name = slot_name(self.worker, self._numbers)
         self._numbers += 1
         extra: dict[str, Any] = {
-            "queued.max.messages.kbytes": 16384, **self.config.extra,
+            **FETCH_CONFIG, **self.config.extra,
             **groups.member_config(self.config.protocol, client_id=name,
                                    session_timeout_s=self.config.session_timeout_s,
                                    instance_id=self.config.instance_id)}
