@@ -63,7 +63,7 @@ class Slot:
 # records) grew one worker holding the 28 partitions of a seed-size run to
 # 593 MiB resident, kept for the rest of the run (the seed run's benchmark:
 # workers ended at 0.3-0.8 GiB). With these, the same worker stays at
-# 165 MiB (/tmp/exp/rss.py in issue 27's note); 1 MiB is still about 800
+# 165 MiB (the experiment in issue 27's note); 1 MiB is still about 800
 # seed prompts, refilled by a fetch in milliseconds, and a record larger
 # than a fetch is returned whole anyway (the broker returns the first batch
 # of a fetch whatever its size, KIP-74).
