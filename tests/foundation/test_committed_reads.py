@@ -186,4 +186,7 @@ def test_a_read_of_keys_no_undecided_record_holds_does_not_wait(settings) -> Non
 def test_a_read_waits_out_what_the_client_retries_and_ends_on_what_it_cannot(
         code: int, final: bool) -> None:
     assert read_error_is_final(KafkaError(code)) is final
+
+
+def test_a_fatal_error_ends_a_read_whatever_its_code() -> None:
     assert read_error_is_final(KafkaError(KafkaError.NOT_COORDINATOR, fatal=True))
