@@ -9,7 +9,11 @@ breaker opens: the failure that tripped it and every later one are *held*
 `threshold * window` failures were recorded before it opened, never the
 dataset. While open, no request starts. After `cooldown_s` one probe request
 goes through (half-open): a success closes the breaker, a failure of the
-same kind opens it again for twice as long (up to `max_cooldown_s`).
+same kind opens it again for twice as long (up to `max_cooldown_s`). Only the
+probe speaks for the server then: a request that started before the breaker
+went half-open (in flight since before the failures began, say) and ends
+while it is half-open changes nothing, or one slow old success would close it
+on a server that still fails everything.
 
 Pure state with an injected clock; `consumer/generation.py` consults it.
 """
@@ -39,13 +43,17 @@ class Breaker:
     _outcomes: deque[str | None] = field(default_factory=deque)
     _cooldown: float = 0.0
     _probing: bool = False
+    _half_open_at: float = 0.0
 
-    def failure(self, cause: str) -> bool:
-        """A request failed for good with `cause`. True: record the failure;
-        False: the breaker is (now) open, hold the prompt and retry later."""
+    def failure(self, cause: str, started: float | None = None) -> bool:
+        """A request (begun at `started` on `clock`) failed for good with
+        `cause`. True: record the failure; False: the breaker is (now) open,
+        hold the prompt and retry later."""
         if self.state == "open":
             return False  # in flight when it opened: held too
         if self.state == "half-open":
+            if self._before_probe(started):
+                return False  # not the probe: held, like everything while not closed
             self._probing = False
             if cause != self.cause:
                 return True  # the probe failed its own way: the prompt's fault
@@ -61,10 +69,12 @@ class Breaker:
             return False
         return True
 
-    def success(self) -> None:
+    def success(self, started: float | None = None) -> None:
         if self.state == "open":
             return  # started before it opened: says nothing about the server now
         if self.state == "half-open":
+            if self._before_probe(started):
+                return  # an old request, not the probe
             self.state = "closed"
             self.cause = None
             self._cooldown = 0.0
@@ -78,6 +88,7 @@ class Breaker:
             return True
         if self.state == "open" and self.clock() - self.opened_at >= self._cooldown:
             self.state = "half-open"
+            self._half_open_at = self.clock()
         if self.state == "half-open" and not self._probing:
             self._probing = True
             return True
@@ -85,6 +96,9 @@ class Breaker:
 
     def seconds_to_probe(self) -> float:
         return max(0.0, self.opened_at + self._cooldown - self.clock())
+
+    def _before_probe(self, started: float | None) -> bool:
+        return started is not None and started < self._half_open_at
 
     def _remember(self, outcome: str | None) -> None:
         self._outcomes.append(outcome)

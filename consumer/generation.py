@@ -75,12 +75,13 @@ class Generator:
         while True:
             await self.gate.wait_open()
             await self._breaker_allows()
+            attempt_started = self.breaker.clock()
             attempts += 1
             try:
                 result = await self.client.chat(
                     request_body(prompt, self.spec.generation, attempts))
             except (PromptRejected, ServerRefused) as exc:
-                if not self._record_failure(exc.kind, str(exc)):
+                if not self._record_failure(exc.kind, str(exc), attempt_started):
                     attempts -= 1
                     continue
                 return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status, attempts,
@@ -88,7 +89,7 @@ class Generator:
             except Retryable as exc:
                 self.on_retry(exc.kind)
                 if self.retry.exhausted(attempts):
-                    if not self._record_failure(exc.kind, str(exc)):
+                    if not self._record_failure(exc.kind, str(exc), attempt_started):
                         attempts = 0  # held: it gets every retry again later
                         continue
                     return Outcome(self.failure(prompt, exc.kind, str(exc), exc.status,
@@ -104,17 +105,17 @@ class Generator:
                 raise ServerRefuses(
                     f"the server at {self.client.base_url} refuses requests: {exc}") from None
             was, cause = self.breaker.state, self.breaker.cause
-            self.breaker.success()
+            self.breaker.success(attempt_started)
             if was != "closed" and self.breaker.state == "closed":
                 log.info("circuit breaker closed: the server answers again", cause=cause)
                 self.on_breaker("closed", None)
             self.on_latency(result.latency_s)
             return Outcome(self.completion(prompt, result, attempts, started), retries)
 
-    def _record_failure(self, cause: str, message: str) -> bool:
+    def _record_failure(self, cause: str, message: str, started: float) -> bool:
         """Whether this failure may be recorded; False when the breaker holds it."""
         was = self.breaker.state
-        allowed = self.breaker.failure(cause)
+        allowed = self.breaker.failure(cause, started)
         if self.breaker.state == "open" and was != "open":
             log.error("circuit breaker open: the server fails every request the same way; "
                       "holding prompts (their offsets stay uncommitted) and probing again",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from consumer.breaker import Breaker
@@ -91,3 +91,55 @@ def test_a_server_that_starts_failing_costs_at_most_one_window(history) -> None:
     if b.state == "closed":
         recorded = sum(b.failure("a") for _ in range(500))
         assert b.state == "open" and recorded < 20
+
+
+def test_an_old_request_ending_while_half_open_is_not_the_probe() -> None:
+    clock = Clock()
+    b = Breaker(window=4, threshold=0.75, cooldown_s=1, clock=clock)
+    for _ in range(4):
+        b.failure("server_error", started=0.0)
+    clock.now = 1.0
+    assert b.may_start() and b.state == "half-open"  # the probe starts at 1.0
+    b.success(started=0.5)  # began before the failures: says nothing about the server now
+    assert b.state == "half-open" and not b.may_start()
+    assert b.failure("server_error", started=0.5) is False  # held, and the probe still runs
+    assert not b.may_start()
+    assert b.failure("server_error", started=1.0) is False  # the probe: open again, twice as long
+    assert b.state == "open" and b.seconds_to_probe() == 2.0
+
+
+@given(st.integers(0, 16),
+       st.lists(st.tuples(st.sampled_from(["old-ok", "start", "fail", "wait"]),
+                          st.integers(1, 30)), max_size=40))
+@example(in_flight=1, runs=[("start", 18), ("fail", 18), ("wait", 1), ("start", 1),
+                            ("old-ok", 1), ("start", 20), ("fail", 21)])
+def test_once_open_old_successes_cannot_reopen_the_floodgate(in_flight, runs) -> None:
+    """A server fails every request from t=1 on; `in_flight` requests begun
+    before that go on succeeding, in any order with new requests starting
+    and failing, probes and cooldowns. Once the breaker has opened, no
+    further failure is recorded: an old success landing while half-open must
+    not close it on a server that still fails everything. (Before it opens,
+    each old success can dilute the window, so at most a window per old
+    success is recorded.)"""
+    clock = Clock()
+    clock.now = 1.0
+    b = Breaker(window=20, threshold=0.9, cooldown_s=1, clock=clock)
+    for _ in range(20):
+        b.success(started=0.0)
+    old, started, recorded, after_open = in_flight, [], 0, 0
+    for step, repeat in runs:
+        for _ in range(repeat):
+            if step == "old-ok" and old:
+                old -= 1
+                b.success(started=0.5)
+            elif step == "start" and b.may_start():
+                started.append(clock.now)
+            elif step == "fail" and started:
+                opened = b.trips > 0
+                allowed = b.failure("server_error", started=started.pop(0))
+                recorded += allowed
+                after_open += allowed and opened
+            elif step == "wait":
+                clock.now += 1.0
+    assert after_open == 0
+    assert recorded < 20 * (in_flight + 1)
