@@ -34,7 +34,7 @@ from tokenmill.commandline import service_command
 from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.kafka import clients, groups, topics
 from tokenmill.kafka.groups import GroupState
-from tokenmill.progress import RunProgress, read_run_progress
+from tokenmill.progress import GLANCE_SETTLE_S, RunProgress, read_run_progress
 from tokenmill.registry import RunRegistry, source_prompts_topic
 from tokenmill.settings import Settings
 
@@ -506,8 +506,8 @@ def status(settings: Settings, run_id: str, as_json: bool, json_schema: bool, ch
                  group_summary(state, spec.partitions, unowned_since))
         unowned = ({int(p): age for p, age in group["unowned"].items()}
                    if group is not None else None)
-        summary = summarize(spec, read_run_progress(settings, run_id), thresholds=thresholds,
-                            unowned=unowned)
+        glance = read_run_progress(settings, run_id, settle_s=GLANCE_SETTLE_S)
+        summary = summarize(spec, glance, thresholds=thresholds, unowned=unowned)
         summary["group"] = group
         if check:
             for line in check_lines(run_id, summary):
