@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ops.dataset.lineage import LineageError
+from ops.dataset.lineage import LineageError, lineage
 from ops.dataset.sources import Lineage, build_index, load_lineage
+from tokenmill.progress import GLANCE_SETTLE_S
+from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
 
@@ -26,13 +28,16 @@ def counted_coverage(found: Lineage) -> tuple[int, int] | None:
 
 
 def lineage_coverage(settings: Settings, run_id: str) -> dict[str, Any] | None:
-    """None for a run without parent or children."""
+    """None for a run without parent or children, known from the registry
+    alone (most runs: `status` reads no counters twice for them). A glance,
+    like `status`: counters settle at most GLANCE_SETTLE_S."""
     try:
-        found = load_lineage(settings, run_id)
+        specs = RunRegistry(settings).all()
+        if len(lineage(specs, run_id)) == 1:
+            return None
+        found = load_lineage(settings, run_id, settle_s=GLANCE_SETTLE_S, specs=specs)
     except LineageError as exc:  # a branching lineage, a missing parent: say so, go on
         return {"error": str(exc)}
-    if len(found.specs) == 1:
-        return None
     bounds = counted_coverage(found)
     if bounds is None:
         summary = build_index(settings, found).summary()

@@ -4,7 +4,7 @@ S3 location its sink writes to. The I/O shell around `ops/dataset/index.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -15,7 +15,7 @@ from schemas import RunSpec
 from schemas.dlq import HEADER_REASON
 from sink.object_keys import normalize_prefix
 from tokenmill.kafka import committed, topics
-from tokenmill.progress import RunProgress, read_run_progress
+from tokenmill.progress import LOOK_SETTLE_S, RunProgress, read_run_progress
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -41,13 +41,17 @@ class Lineage:
         return all(f.complete for f in self.facts)
 
 
-def load_lineage(settings: Settings, run_id: str) -> Lineage:
-    registry = RunRegistry(settings)
-    specs = registry.all()
-    if run_id not in specs:
-        registry.get(run_id)  # raises UnknownRun, saying how to create one
+def load_lineage(settings: Settings, run_id: str, *, settle_s: float = LOOK_SETTLE_S,
+                 specs: Mapping[str, RunSpec] | None = None) -> Lineage:
+    """The lineage of `run_id` (from `specs`, else the registry read now),
+    each run's counters read settling at most `settle_s`."""
+    if specs is None:
+        registry = RunRegistry(settings)
+        specs = registry.all()
+        if run_id not in specs:
+            registry.get(run_id)  # raises UnknownRun, saying how to create one
     chain = lineage(specs, run_id)
-    states = [read_run_progress(settings, spec.run_id) for spec in chain]
+    states = [read_run_progress(settings, spec.run_id, settle_s=settle_s) for spec in chain]
     return Lineage(chain, [facts_of(s, p) for s, p in zip(chain, states)], states)
 
 
