@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,15 @@ def machine() -> Machine:
 
 def ratio(tokenmill: float, baseline: float) -> float:
     return round(tokenmill / baseline, 3) if baseline else float("nan")
+
+
+def median_paired_ratio(tokenmill: Sequence[float], baseline: Sequence[float]) -> float:
+    """The median of tokenmill[i] / baseline[i]: each pair ran back to back,
+    so a slow minute of a noisy machine moves one pair's two sides together
+    instead of one side of the verdict."""
+    if len(tokenmill) != len(baseline) or not tokenmill:
+        raise ValueError(f"pairs needed, got {len(tokenmill)} and {len(baseline)} runs")
+    return round(statistics.median(t / b for t, b in zip(tokenmill, baseline)), 3)
 
 
 class Recorder:

@@ -100,3 +100,12 @@ def test_a_figure_without_samples_is_a_miss_not_a_nan() -> None:
     upper = finite(figure("<= 1.1", math.nan))
     assert upper.tokenmill == UNMEASURED and not upper.met and upper.details["notes"]
     assert finite(figure(">= 0.99", math.nan)).tokenmill == 0.0
+
+
+def test_the_median_of_paired_ratios_pairs_runs_by_position() -> None:
+    from bench.figures import median_paired_ratio
+
+    # a slow second pair slows both of its sides: the pairs agree at 0.9
+    assert median_paired_ratio([90, 45, 91], [100, 50, 100]) == 0.9
+    with pytest.raises(ValueError):
+        median_paired_ratio([1.0], [1.0, 2.0])
