@@ -40,7 +40,7 @@ def row(figure: Figure) -> str:
     baseline = "-" if figure.baseline is None else (
         f"{number(figure.baseline)} {figure.unit} ({figure.baseline_name})")
     cells = (figure.name, f"{number(figure.tokenmill)} {figure.unit}", baseline,
-             "-" if figure.ratio is None else f"{figure.ratio:.2f}", figure.target,
+             "-" if figure.ratio is None else f"{figure.ratio:.3f}", figure.target,
              "yes" if figure.met else "**no**", cpu_cell(figure), figure.method)
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 

@@ -76,7 +76,7 @@ def test_a_miss_is_rendered_as_a_miss_with_its_method_and_cpu_apart() -> None:
     block = report.render({"sink.json": _results()})
     row = next(line for line in block.splitlines() if line.startswith("| sink, small"))
     assert "9,000 records/s" in row and "12,000 records/s (plain boto3)" in row
-    assert "| 0.75 |" in row and "| **no** |" in row
+    assert "| 0.750 |" in row and "| **no** |" in row
     assert "| 4.2 / 2.0 |" in row and "wall clock, launch to last commit" in row
     assert ("`python bench/bench_sink.py --records 10` on 2026-01-02, 2 CPUs, "
             "load average (1/5/15 min) 5.5 / 4.0 / 3.2 before") in block
