@@ -26,7 +26,7 @@ clock.
                                    [--pairs 1] [--only a,b,c] [--out bench/results/consumer.json]
 
 On a short run, start-up is a large share of the wall clock; `--pairs 3
---saturation-prompts 15000` runs (b) and (c) long enough that each side's
+--saturation-prompts 12000` runs (b) and (c) long enough that each side's
 fixed cost (wall clock the server was not generating, in the details) is
 under 2% of it, three alternating rounds, and reports the median of the
 paired ratios, with the steady-state ratio beside it.
@@ -226,8 +226,8 @@ def saturation_pairs(settings: Settings, n: int, work: Path, pairs: int,
     round by round (baseline first, then last), so drift on the machine
     falls on both sides of a pair alike."""
     runs: dict[str, list[Measured]] = {"base": [], "b": [], "c": []}
+    order = ["base", *sorted(only & {"b", "c"})]
     for i in range(pairs):
-        order = ["base", *sorted(only & {"b", "c"})]
         for which in (order if i % 2 == 0 else order[::-1]):
             if which == "base":
                 runs["base"].append(saturation_baseline(n, work))
