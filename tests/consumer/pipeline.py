@@ -184,3 +184,11 @@ def sim_metrics(url: str) -> dict[str, float]:
 
 def consumer_progress(settings: Settings, run_id: str) -> Any:
     return progress.read_run_progress(settings, run_id)
+
+
+def committed_results(settings: Settings, run_id: str, instance: str) -> int:
+    """Results `instance` has committed. Not "has a progress record": a
+    worker that committed nothing for `heartbeat_s` (a slow start on a
+    loaded machine) commits its progress record alone, with no results."""
+    mine = consumer_progress(settings, run_id).consumers.get(instance)
+    return 0 if mine is None else mine.completions + mine.failures

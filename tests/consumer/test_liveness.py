@@ -15,6 +15,7 @@ from tests.consumer.pipeline import (
     PACED,
     ConsumerProcess,
     check_exactly_once,
+    committed_results,
     consumer_progress,
     create_run,
     make_prompts,
@@ -143,8 +144,8 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
                                 "--concurrency", "16", "--until-done").start()
         try:
             group.wait(lambda ms: owners(ms) == {"zombie", "other"}, 60, "both own partitions")
-            wait_until(lambda: consumer_progress(settings, run_id).consumers.get("zombie")
-                       is not None, 60, "the zombie's first commit")
+            wait_until(lambda: committed_results(settings, run_id, "zombie") > 0, 60,
+                       "the zombie's first results committed")
             other_first.release()
             in_flight = gate.hold(callers={"zombie"})  # its next requests wait in the gate
             gate.wait(lambda: in_flight.held, 60, "the zombie's requests in flight")

@@ -21,6 +21,7 @@ from tests.consumer.pipeline import (
     ConsumerProcess,
     Publisher,
     check_exactly_once,
+    committed_results,
     consumer_progress,
     create_run,
     make_prompts,
@@ -214,8 +215,8 @@ def test_sigterm_drains_and_partitions_move(settings, run_id, tmp_path) -> None:
             wait_until(lambda: consumer_progress(settings, run_id).generated > 200, 60,
                        "first results")
             leaver = workers[2]
-            wait_until(lambda: consumer_progress(settings, run_id).consumers.get("w2")
-                       is not None, 60, "the leaver's first commit")
+            wait_until(lambda: committed_results(settings, run_id, "w2") > 0, 60,
+                       "the leaver's first results committed")
             # It hands over only when it knows others are there (its fleet view).
             wait_until(lambda: leaver.events("fleet: other workers in the group"), 120,
                        "the leaver seeing the other workers")
