@@ -73,12 +73,17 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
               type=seconds(0.5, 600, min_open=False),
               help="Seconds between commits of an idle sink: `status` marks a sink whose last "
                    "commit is older than twice this as dead.")
+@click.option("--fetch-stall", "fetch_stall_s", default=60.0, show_default=True,
+              type=seconds(1, 3600, min_open=False),
+              help="Seconds an owned partition may stay silent while committed records wait "
+                   "for it before the sink exits so that its supervisor restarts it (a Kafka "
+                   "client that stopped fetching after a broker restart).")
 @service_command
 def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: int,
          max_batch_age_s: float, compression: str | None, instance: str | None,
          until_done: bool, metrics_port: int, create_bucket: bool | None,
          group_protocol: str, session_timeout_s: float | None, upload_concurrency: int,
-         conditional_writes: bool, heartbeat_s: float) -> None:
+         conditional_writes: bool, heartbeat_s: float, fetch_stall_s: float) -> None:
     """Persist a run's completions: good samples to S3 as JSONL batches, the
     rest to the run's dead-letter topic, exactly once.
 
@@ -93,7 +98,7 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
         until_done=until_done, metrics_port=metrics_port, group_protocol=group_protocol,
         session_timeout_s=session_timeout_s,
         upload_concurrency=upload_concurrency, conditional_writes=conditional_writes,
-        heartbeat_s=heartbeat_s)
+        heartbeat_s=heartbeat_s, fetch_stall_s=fetch_stall_s)
     wait_for_bucket(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
                     bucket=config.bucket, create=config.create_bucket,
                     timeout_s=settings.startup_timeout_s,

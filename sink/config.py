@@ -48,6 +48,10 @@ class SinkConfig:
     # alive, and a duplicate --instance that fenced it is noticed.
     heartbeat_s: float = 10.0
     stall_s: float = 300.0  # longest loop turn without a beat (an upload round can be long)
+    # An owned partition silent this long while committed records wait past
+    # where the consumer would read: librdkafka stopped fetching it; exit
+    # (tokenmill/kafka/fetch_stall.py).
+    fetch_stall_s: float = 60.0
 
     @property
     def transactional_id(self) -> str:

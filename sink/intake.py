@@ -8,6 +8,7 @@ read, and the run goes on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -23,6 +24,7 @@ from sink.ownership import Ownership
 from sink.probes import Probes
 from sink.samples import CompletionView
 from tokenmill.kafka import clients
+from tokenmill.kafka.fetch_stall import Silence
 from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.log import get_logger
 
@@ -32,10 +34,12 @@ log = get_logger("tokenmill.sink")
 class Intake:
     """Parameters: `spec` (the run: its QA policy and settings hash), `run`
     and `instance` (the sink's), `topic` (the completions topic),
-    `ownership`, `probes`, `metrics`."""
+    `ownership`, `probes`, `metrics`, `silence` (told what was heard of
+    each partition), `clock` (monotonic seconds)."""
 
     def __init__(self, *, spec: RunSpec, run: str, instance: str, topic: str,
-                 ownership: Ownership, probes: Probes, metrics: SinkMetrics) -> None:
+                 ownership: Ownership, probes: Probes, metrics: SinkMetrics,
+                 silence: Silence, clock: Callable[[], float]) -> None:
         self._spec = spec
         self._run = run
         self._settings_hash = spec.settings_hash
@@ -44,6 +48,8 @@ class Intake:
         self._ownership = ownership
         self._probes = probes
         self._metrics = metrics
+        self._silence = silence
+        self._clock = clock
         self._lines = samples.LineEncoder()
 
     def take(self, message: Any) -> None:
@@ -53,6 +59,7 @@ class Intake:
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 self._ownership.reached_end(partition)
+                self._silence.end(partition, message.offset(), self._clock())
                 return
             if error.fatal() or error.code() == KafkaError._FATAL or clients.refused_by_acl(error):
                 raise KafkaFatal(f"sink {self._instance}: {error.str()}")
@@ -60,6 +67,7 @@ class Intake:
             return
         batcher = self._ownership.batchers.get(partition)
         offset = message.offset()
+        self._silence.record(partition, offset, self._clock())
         if batcher is None or partition in self._probes or not batcher.accepts(offset):
             return
         self._ownership.reading(partition)

@@ -1,9 +1,10 @@
 """The loop's periodic looks outside this instance: is the run persisted
-(`--until-done`) and how far behind each owned partition is (the lag
-gauge). The reads are the shared ones the worker uses too
-(tokenmill/run_done.py, tokenmill/kafka/lag.py); what the sink makes of
-them is here. The classic protocol's stranded repair is
-tokenmill/kafka/stranded.py.
+(`--until-done`), how far behind each owned partition is (the lag
+gauge), and whether a silent partition has records waiting (the client
+stopped fetching it: tokenmill/kafka/fetch_stall.py). The reads are the
+shared ones the worker uses too (tokenmill/run_done.py,
+tokenmill/kafka/lag.py); what the sink makes of them is here. The
+classic protocol's stranded repair is tokenmill/kafka/stranded.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from sink.metrics import SinkMetrics
 from sink.ownership import Ownership
 from tokenmill import run_done
-from tokenmill.kafka import lag
+from tokenmill.kafka import fetch_stall, lag
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
 
@@ -55,3 +56,24 @@ def update_lag(consumer: Any, topic: str, partitions: Iterable[int],
             metrics.lag.labels(str(partition)).set(behind)
     except Exception as exc:  # noqa: BLE001 - metrics must never stop the sink
         log.debug("lag update failed", error=str(exc))
+
+
+def check_fetching(silence: fetch_stall.Silence, admin: Callable[[], Any], topic: str,
+                   group: str, now: float) -> None:
+    """Raise FetchStalled when a partition silent for the limit has committed
+    records past where the consumer would read. Asks the broker only about
+    silent partitions; when it cannot answer, judges nothing this time."""
+    silent = silence.silent(now)
+    if not silent:
+        return
+    try:
+        ends, committed = fetch_stall.ask_broker(
+            admin(), topic, group, silent,
+            need_committed=any(offset is None for offset in silent.values()))
+    except Exception as exc:  # noqa: BLE001 - a broker down: no verdict, look again later
+        log.debug("could not ask the broker about silent partitions", error=str(exc))
+        return
+    verdict = fetch_stall.stalled(silent, ends, committed)
+    if verdict:
+        silent_s = min(silence.silent_for(p, now) for p in verdict)
+        raise fetch_stall.FetchStalled(fetch_stall.describe(topic, verdict, silent_s))

@@ -41,13 +41,14 @@ from sink.liveness import Liveness, busy_since
 from sink.metrics import SinkMetrics
 from sink.object_store import ObjectStore
 from sink.ownership import Ownership
-from sink.periodic_checks import check_done, update_lag
+from sink.periodic_checks import check_done, check_fetching, update_lag
 from sink.probes import Probes
 from sink.round import Rounds
 from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, make_client
 from tokenmill import progress as run_progress
 from tokenmill.kafka import clients, groups, topics, transactions
+from tokenmill.kafka.fetch_stall import Silence
 from tokenmill.kafka.stranded import StrandedRepair
 from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.log import get_logger
@@ -57,6 +58,8 @@ from tokenmill.watchdog import Watchdog
 log = get_logger("tokenmill.sink")
 
 LAG_INTERVAL_S = 5.0
+# How often silent partitions are looked at (tokenmill/kafka/fetch_stall.py).
+FETCH_CHECK_INTERVAL_S = 10.0
 ROUND_POLL_S = 0.01
 
 
@@ -101,6 +104,9 @@ class SinkService:
         # member rejoining.
         self._stranded = StrandedRepair(f"{config.instance}#", grace_s=10.0,
                                         rejoin=self._rejoin)
+        # What the consumer last heard of each owned partition: one silent
+        # while records wait means the client stopped fetching it.
+        self._silence = Silence(limit_s=config.fetch_stall_s)
         self._made_at = clock()  # the first heartbeat is due one interval after this
         self._s3_errors = S3Errors()
 
@@ -211,7 +217,7 @@ class SinkService:
                               committer=committer, liveness=liveness, metrics=self.metrics)
         self._intake = Intake(spec=self.spec, run=config.run, instance=config.instance,
                               topic=self.topic, ownership=self._ownership, probes=self._probes,
-                              metrics=self.metrics)
+                              metrics=self.metrics, silence=self._silence, clock=self.clock)
         return liveness
 
     def _close(self, store: ObjectStore, producer: Any, failed: bool) -> None:
@@ -243,17 +249,21 @@ class SinkService:
 
     def _seek(self, partition: int, offset: int) -> None:
         self._consumer.seek(TopicPartition(self.topic, partition, offset))
+        self._silence.restarted(partition, offset, self.clock())
 
     # Rebalance callbacks: they run inside consume(), on this thread.
 
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._ownership.assign(tp.partition for tp in partitions)
+        self._silence.owned((tp.partition for tp in partitions), self.clock())
 
     def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._rounds.leave((tp.partition for tp in partitions), lost=False)
+        self._silence.dropped(tp.partition for tp in partitions)
 
     def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._rounds.leave((tp.partition for tp in partitions), lost=True)
+        self._silence.dropped(tp.partition for tp in partitions)
 
     # -- the loop ------------------------------------------------------------
 
@@ -262,6 +272,7 @@ class SinkService:
         ownership, probes, rounds = self._ownership, self._probes, self._rounds
         next_done_check = 0.0
         next_lag = 0.0
+        next_fetch_check = 0.0
         while not self._stopping:
             self.watchdog.beat()
             # While uploads are in flight, come back quickly to commit them.
@@ -269,6 +280,7 @@ class SinkService:
             for message in self._consumer.consume(num_messages=config.consume_batch,
                                                   timeout=timeout):
                 self._intake.take(message)
+            self._silence.polled()
             probes.finish(ownership.batchers)
             ownership.tick()
             rounds.advance(wait=ownership.pending_bytes > config.max_buffer_bytes,
@@ -281,6 +293,10 @@ class SinkService:
                                          topics.sink_group(config.run), self.topic,
                                          self.spec.partitions)
                 next_lag = now + LAG_INTERVAL_S
+            if now >= next_fetch_check:
+                check_fetching(self._silence, lambda: clients.admin(self.settings), self.topic,
+                               topics.sink_group(config.run), now)
+                next_fetch_check = now + FETCH_CHECK_INTERVAL_S
             if liveness.due(now):
                 liveness.heartbeat(uploading_since=self._s3_busy_since())
             liveness.log_slow_s3(since=self._s3_busy_since(), uploading=rounds.uploading,

@@ -24,6 +24,14 @@ Narrowing the moment (each optional):
                       uncommitted for the transaction inside CALLBACK to carry
     --report-at POINT log `fault injection: reached` at POINT (no kill;
                       may be given more than once)
+
+Or, instead of a kill, the consumer stops fetching as librdkafka was seen
+to after a broker restart (tokenmill/kafka/fetch_stall.py):
+
+    --stop-fetching-at POINT[:N]   pause every partition the process's
+                      consumers hold, behind the service's back (nothing
+                      tells it), the Nth time POINT is reached; logged as
+                      `fault injection: fetching stopped`
 """
 
 from __future__ import annotations
@@ -66,6 +74,12 @@ class ObservedConsumer(Consumer):
     """A consumer whose rebalance callbacks are crash points, and known to
     be running (for `--inside`)."""
 
+    made: list[ObservedConsumer] = []  # every one this process made (--stop-fetching-at)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        ObservedConsumer.made.append(self)
+
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:  # type: ignore[override]
         for kind in CALLBACKS:
             given = callbacks.get(f"on_{kind}")
@@ -95,13 +109,15 @@ def _observed(kind: str, callback: Callable[[Any, list[Any]], None]
 class KillAt(crashpoints.Observer):
     def __init__(self, point: str | None, count: int, *, armed_by: Path | None = None,
                  inside: str | None = None, refuse_outside: bool = False,
-                 report_at: tuple[str, ...] = ()) -> None:
+                 report_at: tuple[str, ...] = (),
+                 stop_fetching_at: tuple[str, int] | None = None) -> None:
         self.point = point
         self.count = count
         self.armed_by = armed_by
         self.inside = inside
         self.refuse_outside = refuse_outside
         self.report_at = report_at
+        self.stop_fetching_at = stop_fetching_at
         self.seen = 0  # times `point` was reached armed and inside CALLBACK
 
     def armed(self) -> bool:
@@ -110,6 +126,8 @@ class KillAt(crashpoints.Observer):
     def reached(self, point: str, count: int, flush: Callable[[], object] | None) -> None:
         if point in self.report_at:
             _event("fault injection: reached", point=point, count=count)
+        if self.stop_fetching_at == (point, count):
+            _stop_fetching(point, count)
         if not self.armed():
             return
         inside = self.inside is None or self.inside in _in_callback.active
@@ -130,6 +148,24 @@ class KillAt(crashpoints.Observer):
         os._exit(KILLED_EXIT_CODE)
 
 
+def _stop_fetching(point: str, count: int) -> None:
+    paused = []
+    for consumer in ObservedConsumer.made:
+        try:
+            held = consumer.assignment()
+        except RuntimeError:  # closed (a one-off read's consumer)
+            continue
+        consumer.pause(held)
+        paused += [tp.partition for tp in held]
+    _event("fault injection: fetching stopped", point=point, count=count,
+           partitions=sorted(paused))
+
+
+def _point(spec: str) -> tuple[str, int]:
+    point, _, count = spec.partition(":")
+    return point, int(count or 1)
+
+
 def parse(spec: str, **options: Any) -> KillAt:
     point, _, count = spec.partition(":")
     return KillAt(point or None, int(count or 1), **options)
@@ -146,10 +182,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--inside", choices=CALLBACKS)
     parser.add_argument("--refuse-outside", action="store_true")
     parser.add_argument("--report-at", action="append", default=[])
+    parser.add_argument("--stop-fetching-at", type=_point)
     options = parser.parse_args(argv[:split])
     crashpoints.install(parse(options.kill_at, armed_by=options.armed_by, inside=options.inside,
                               refuse_outside=options.refuse_outside,
-                              report_at=tuple(options.report_at)))
+                              report_at=tuple(options.report_at),
+                              stop_fetching_at=options.stop_fetching_at))
     clients.Consumer = ObservedConsumer  # type: ignore[misc]
     from tokenmill.cli import main as tokenmill
 

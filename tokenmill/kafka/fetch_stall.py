@@ -1,0 +1,143 @@
+"""A consumer that stopped fetching: owned partitions silent for minutes
+while committed records wait past what the consumer last heard of them.
+
+librdkafka can keep a partition assigned after a broker restart and never
+fetch from it again (confluentinc/librdkafka#5153, open). A sink in
+tests/liveness/test_broker_faults.py sat in that state for 15 minutes with
+the run's last records waiting: no call was outstanding, its loop beat, and
+nothing timed out. Only two facts together show it: no record and no
+end-of-partition mark came for a partition for `limit_s` (a fetching
+consumer hears one or the other within a fetch round-trip), and the
+partition's committed end (its last stable offset, what a `read_committed`
+reader can reach) is past the offset the consumer would read next. A
+partition whose end is held back by a transaction left open upstream is not
+stalled: the consumer is where it can be. Crash-only: the service exits
+with one line and its supervisor restarts it from committed state.
+
+`Silence` is the pure part: it is told what the consumer heard, and says
+which partitions have been silent long enough to ask the broker about;
+`stalled` decides from the broker's answer. The service does the asking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tokenmill.kafka.transactions import KafkaFatal
+
+# Silent this long, over at least MIN_POLLS polls, before the broker is
+# asked: a loop blocked elsewhere (an upload it waits for) is not a stall.
+LIMIT_S = 60.0
+MIN_POLLS = 20
+
+
+class FetchStalled(KafkaFatal):
+    """The consumer stopped fetching partitions that have records for it."""
+
+
+@dataclass
+class _Heard:
+    at: float  # when a record or an end mark last came (or the partition was (re)started)
+    polls: int  # polls since then
+    next_offset: int | None  # the offset it would read next; None: nothing heard yet
+
+
+class Silence:
+    """Per owned partition, when the consumer last heard of it and where it
+    would read next. `now` is any monotonic clock, the same for all calls."""
+
+    def __init__(self, limit_s: float = LIMIT_S, min_polls: int = MIN_POLLS) -> None:
+        self.limit_s = limit_s
+        self.min_polls = min_polls
+        self._heard: dict[int, _Heard] = {}
+
+    def owned(self, partitions: Iterable[int], now: float) -> None:
+        """Assigned: read from the group's committed offset, not known here."""
+        for partition in partitions:
+            self._heard[partition] = _Heard(now, 0, None)
+
+    def dropped(self, partitions: Iterable[int]) -> None:
+        for partition in partitions:
+            self._heard.pop(partition, None)
+
+    def restarted(self, partition: int, offset: int, now: float) -> None:
+        """The partition is read again from `offset` (a seek)."""
+        if partition in self._heard:
+            self._heard[partition] = _Heard(now, 0, offset)
+
+    def record(self, partition: int, offset: int, now: float) -> None:
+        if partition in self._heard:
+            self._heard[partition] = _Heard(now, 0, offset + 1)
+
+    def end(self, partition: int, offset: int, now: float) -> None:
+        """An end-of-partition mark: nothing more to read at `offset`, now."""
+        if partition in self._heard:
+            self._heard[partition] = _Heard(now, 0, offset)
+
+    def polled(self) -> None:
+        for heard in self._heard.values():
+            heard.polls += 1
+
+    def silent(self, now: float) -> dict[int, int | None]:
+        """The partitions silent for `limit_s` over `min_polls` polls: the
+        offset each would read next (None: nothing heard since assigned)."""
+        return {p: h.next_offset for p, h in self._heard.items()
+                if now - h.at >= self.limit_s and h.polls >= self.min_polls}
+
+    def silent_for(self, partition: int, now: float) -> float:
+        heard = self._heard.get(partition)
+        return 0.0 if heard is None else now - heard.at
+
+
+def stalled(silent: Mapping[int, int | None], ends: Mapping[int, int],
+            committed: Mapping[int, int]) -> dict[int, tuple[int, int]]:
+    """Of the `silent` partitions (next offset, or None: the group's
+    `committed` offset), those whose committed end in `ends` is past where
+    the consumer would read: partition -> (would read, end). A partition
+    missing from `ends` or `committed` (the broker did not say) is not
+    judged."""
+    verdict: dict[int, tuple[int, int]] = {}
+    for partition, next_offset in silent.items():
+        at = committed.get(partition) if next_offset is None else next_offset
+        end = ends.get(partition)
+        if at is None or end is None or at < 0:
+            continue
+        if end > at:
+            verdict[partition] = (at, end)
+    return verdict
+
+
+def describe(topic: str, verdict: Mapping[int, tuple[int, int]], silent_s: float) -> str:
+    """The one line a stalled service exits with."""
+    waiting = ", ".join(f"{p} ({end - at} records from offset {at})"
+                        for p, (at, end) in sorted(verdict.items()))
+    return (f"the Kafka consumer stopped fetching {topic}: nothing came for {silent_s:.0f}s "
+            f"from partitions with committed records waiting: {waiting} (librdkafka after a "
+            "broker restart); exiting so that the supervisor restarts it from committed state")
+
+
+def ask_broker(admin: Any, topic: str, group: str, partitions: Iterable[int], *,
+               need_committed: bool, timeout_s: float = 10.0) \
+        -> tuple[dict[int, int], dict[int, int]]:
+    """The partitions' committed ends (last stable offsets) and, with
+    `need_committed`, the group's committed offsets. Bounded by `timeout_s`
+    per call; raises what the client raises (the caller judges nothing then)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    wanted = [TopicPartition(topic, p) for p in partitions]
+    listed = admin.list_offsets({tp: OffsetSpec.latest() for tp in wanted},
+                                isolation_level=IsolationLevel.READ_COMMITTED,
+                                request_timeout=timeout_s)
+    ends = {tp.partition: future.result(timeout=timeout_s).offset
+            for tp, future in listed.items()}
+    committed: dict[int, int] = {}
+    if need_committed:
+        offsets = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, wanted)], request_timeout=timeout_s)
+        for tp in offsets[group].result(timeout=timeout_s).topic_partitions:
+            if tp.error is None:
+                committed[tp.partition] = tp.offset
+    return ends, committed
