@@ -61,10 +61,12 @@ def update_lag(consumer: Any, topic: str, partitions: Iterable[int],
 def check_fetching(silence: fetch_stall.Silence, admin: Callable[[], Any], topic: str,
                    group: str, now: float) -> None:
     """Raise FetchStalled when a partition silent for the limit has committed
-    records past where the consumer would read. Asks the broker only about
-    silent partitions; when it cannot answer, judges nothing this time."""
+    records past where the consumer would read, at two checks in a row. Asks
+    the broker only about silent partitions; when it cannot answer, judges
+    nothing this time."""
     silent = silence.silent(now)
     if not silent:
+        silence.confirm({})
         return
     try:
         ends, committed = fetch_stall.ask_broker(
@@ -73,7 +75,7 @@ def check_fetching(silence: fetch_stall.Silence, admin: Callable[[], Any], topic
     except Exception as exc:  # noqa: BLE001 - a broker down: no verdict, look again later
         log.debug("could not ask the broker about silent partitions", error=str(exc))
         return
-    verdict = fetch_stall.stalled(silent, ends, committed)
+    verdict = silence.confirm(fetch_stall.stalled(silent, ends, committed))
     if verdict:
         silent_s = min(silence.silent_for(p, now) for p in verdict)
         raise fetch_stall.FetchStalled(fetch_stall.describe(topic, verdict, silent_s))

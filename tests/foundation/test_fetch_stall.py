@@ -48,6 +48,17 @@ def test_stalled_only_with_committed_records_past_the_read_position() -> None:
     assert stalled({0: None}, {0: 10}, {0: -1001}) == {}
 
 
+def test_a_verdict_stands_only_when_the_next_look_finds_the_same() -> None:
+    silence = Silence()
+    assert silence.confirm({0: (42, 50), 1: (7, 9)}) == {}  # first look: suspected only
+    # records committed a moment before the first look were fetched since:
+    # 1 moved on (heard, so read further) and is judged afresh
+    assert silence.confirm({0: (42, 51), 1: (9, 12)}) == {0: (42, 51)}
+    assert silence.confirm({1: (9, 12)}) == {1: (9, 12)}
+    assert silence.confirm({}) == {}
+    assert silence.confirm({1: (9, 12)}) == {}  # a look in between found nothing
+
+
 def test_the_line_names_the_topic_partitions_and_what_waits() -> None:
     line = describe("tokenmill.r.completions", {2: (12, 30), 0: (42, 50)}, 61.4)
     assert line.startswith("the Kafka consumer stopped fetching tokenmill.r.completions: "

@@ -16,7 +16,9 @@ with one line and its supervisor restarts it from committed state.
 
 `Silence` is the pure part: it is told what the consumer heard, and says
 which partitions have been silent long enough to ask the broker about;
-`stalled` decides from the broker's answer. The service does the asking.
+`stalled` decides from the broker's answer, and a verdict stands only when
+the next look (a check later) finds the same partition stalled at the same
+offset. `ask_broker` does the asking.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Silence:
         self.limit_s = limit_s
         self.min_polls = min_polls
         self._heard: dict[int, _Heard] = {}
+        self._suspected: dict[int, int] = {}  # the last verdict: partition -> would read
 
     def owned(self, partitions: Iterable[int], now: float) -> None:
         """Assigned: read from the group's committed offset, not known here."""
@@ -85,6 +88,15 @@ class Silence:
         offset each would read next (None: nothing heard since assigned)."""
         return {p: h.next_offset for p, h in self._heard.items()
                 if now - h.at >= self.limit_s and h.polls >= self.min_polls}
+
+    def confirm(self, verdict: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        """The partitions of `verdict` already stalled at the same offset in
+        the previous one. Records committed a moment before the broker was
+        asked may not be fetched yet: only a second look, a check later,
+        tells a client that stopped from one about to hear them."""
+        confirmed = {p: v for p, v in verdict.items() if self._suspected.get(p) == v[0]}
+        self._suspected = {p: at for p, (at, _end) in verdict.items()}
+        return confirmed
 
     def silent_for(self, partition: int, now: float) -> float:
         heard = self._heard.get(partition)
