@@ -98,6 +98,12 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
               type=seconds(0.5, 600, min_open=False),
               help="Seconds between commits of an idle worker: `status` marks a worker "
                    "whose last commit is older than twice this as dead.")
+@click.option("--fetch-stall", "fetch_stall_s", default=60.0, show_default=True,
+              type=seconds(1, 3600, min_open=False),
+              help="Seconds a held partition may stay silent, while the worker fetches and "
+                   "committed prompts wait for it, before the worker exits so that its "
+                   "supervisor restarts it (a Kafka client that stopped fetching after a "
+                   "broker restart).")
 @click.option("--until-done", is_flag=True,
               help="Exit 0 once the producer has finished and every prompt has a committed result.")
 @click.option("--metrics-port", default=0, type=PORT_OR_OFF,
@@ -108,8 +114,8 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
             max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
-            fleet_balancing: bool, breaker_cooldown_s: float, heartbeat_s: float, until_done: bool,
-            metrics_port: int) -> None:
+            fleet_balancing: bool, breaker_cooldown_s: float, heartbeat_s: float,
+            fetch_stall_s: float, until_done: bool, metrics_port: int) -> None:
     """Generate completions for a run's prompts, exactly once, next to one SGLang server.
 
     At start it waits for Kafka, then for the server (up to --startup-timeout-s each).
@@ -143,6 +149,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         fleet_balancing=fleet_balancing,
         breaker_cooldown_s=breaker_cooldown_s,
         heartbeat_s=heartbeat_s,
+        fetch_stall_s=fetch_stall_s,
         until_done=until_done,
         metrics_port=metrics_port,
         api_key=api_key,

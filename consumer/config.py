@@ -41,4 +41,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     breaker_threshold: float = 0.9  # share of one failure cause that opens it
     breaker_cooldown_s: float = 30.0  # before the first probe (doubles, up to 10 min)
     stall_s: float = 120.0
+    # A held partition silent this long (while fetching) with committed
+    # records past where it would read: the client stopped fetching; exit
+    # (consumer/fetch_watch.py).
+    fetch_stall_s: float = 60.0
     api_key: Secret | None = None  # TOKENMILL_SGLANG_API_KEY; never printed

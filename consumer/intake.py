@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Message
 
+from consumer.fetch_watch import FetchWatch
 from consumer.membership import Membership
 from consumer.ownership import Ownership
 from consumer.pause import PausePolicy
@@ -30,14 +31,15 @@ log = get_logger("tokenmill.consumer")
 class Intake:
     """Parameters: `ownership`, `chain` (how records of each topic are
     read), `instance` (stamped on invalid-record failures), `wake` (a result
-    is ready to commit)."""
+    is ready to commit), `fetch_watch` (told what each poll brought)."""
 
     def __init__(self, *, ownership: Ownership, chain: TurnChain, instance: str,
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], fetch_watch: FetchWatch) -> None:
         self.ownership = ownership
         self.chain = chain
         self.instance = instance
         self._wake = wake
+        self._fetch_watch = fetch_watch
         self._pause = PausePolicy()
 
     def poll(self, members: Membership, limit: int) -> None:
@@ -45,9 +47,11 @@ class Intake:
         if room <= 0 and not members.paused:
             # Leave the records in librdkafka's queue for now: the pause policy
             # pauses the partitions long before max.poll.interval.ms.
+            self._fetch_watch.polled(fetching=False)
             return
         for slot, message in members.poll(max(1, min(room, 1000))):
             self.accept(message, slot)
+        self._fetch_watch.polled(fetching=not members.paused)
 
     def apply_pause(self, members: Membership, *, limit: int, stopping: bool,
                     server_up: bool) -> None:
@@ -58,13 +62,14 @@ class Intake:
     def accept(self, message: Message, slot: str) -> None:
         topic = message.topic() or self.chain.prompts_topic
         partition = message.partition() or 0
+        offset = message.offset() or 0
+        self._fetch_watch.heard(slot, topic, partition, offset)
         state = self.ownership.state(slot, (topic, partition))
         if state is None:
             # a late message of a partition this slot no longer holds: taking
             # it into another slot's state would interleave two fetch streams
             # and let a commit pass over records never tracked
             return
-        offset = message.offset() or 0
         if state.last_fetched is not None and offset <= state.last_fetched:
             return  # already have it (a resumed partition's refetch)
         state.watermark.track(offset)

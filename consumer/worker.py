@@ -23,7 +23,8 @@ then park them (their requests go on) until the worker's next slot takes
 them or a few seconds pass; on lost, commit nothing and drop them.
 
 Crash-only: every blocking Kafka call is bounded by the watchdog; a fenced
-or fatal client ends the process with one line and exit code 1.
+or fatal client, or one that stopped fetching the partitions it holds
+(consumer/fetch_watch.py), ends the process with one line and exit code 1.
 
 `regenerate-turns` runs also read `tokenmill.<run>.turns` (consumer/
 turn_chain.py).
@@ -44,6 +45,7 @@ from consumer.committer import Committer
 from consumer.config import WorkerConfig
 from consumer.dispatch import Dispatch
 from consumer.errors import FatalWorkerError
+from consumer.fetch_watch import FetchWatch
 from consumer.generation import Generator
 from consumer.intake import Intake
 from consumer.membership import Membership, MembershipConfig, Slot
@@ -105,8 +107,11 @@ class Worker:
             on_fatal=self._fail_fatally)
         self.server = ServerWatch(config=config, spec=spec, metrics=self.metrics,
                                   wake=self._wake.set, on_breaker=self.committer.heartbeat_soon)
+        self.fetch_watch = FetchWatch(limit_s=config.fetch_stall_s,
+                                      admin=lambda: clients.admin(settings))
         self.intake = Intake(ownership=self.ownership, chain=self.chain,
-                             instance=config.instance, wake=self._wake.set)
+                             instance=config.instance, wake=self._wake.set,
+                             fetch_watch=self.fetch_watch)
         self.dispatch = Dispatch(ownership=self.ownership, chain=self.chain, metrics=self.metrics,
                                  wake=self._wake.set, on_fatal=self._fail_fatally)
         self.balancing = Balancing(
@@ -144,15 +149,19 @@ class Worker:
     # -- rebalance callbacks (inside consume()/close(), on the loop thread) ------
 
     def _on_assign(self, slot: Slot, partitions: list[TopicPartition]) -> None:
-        self.ownership.assign(slot.name, partitions, self._members.committed(slot, partitions))
+        committed = self._members.committed(slot, partitions)
+        self.ownership.assign(slot.name, partitions, committed)
+        self.fetch_watch.assigned(slot.name, partitions, committed)
 
     def _on_revoke(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         self._commit(only=self.ownership.of_slot(slot.name, partitions))
         self.ownership.revoke(slot.name, partitions,
                               park=not self.stopping and self.fatal is None)
+        self.fetch_watch.gone(slot.name, partitions)
 
     def _on_lost(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         self.ownership.lose(slot.name, partitions)
+        self.fetch_watch.gone(slot.name, partitions)
 
     # -- the jobs' calls ---------------------------------------------------------
 
@@ -252,6 +261,8 @@ class Worker:
         if self.config.until_done:
             self._background.append(loop.create_task(self._done_watch()))
         self._background.append(loop.create_task(self.balancing.run(self._stopping)))
+        self._background.append(loop.create_task(
+            self.fetch_watch.run(self._stopping, self._fail_fatally)))
 
     def _stopping(self) -> bool:
         return self.stopping

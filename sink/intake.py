@@ -39,7 +39,7 @@ class Intake:
 
     def __init__(self, *, spec: RunSpec, run: str, instance: str, topic: str,
                  ownership: Ownership, probes: Probes, metrics: SinkMetrics,
-                 silence: Silence, clock: Callable[[], float]) -> None:
+                 silence: Silence[int], clock: Callable[[], float]) -> None:
         self._spec = spec
         self._run = run
         self._settings_hash = spec.settings_hash

@@ -58,7 +58,7 @@ def update_lag(consumer: Any, topic: str, partitions: Iterable[int],
         log.debug("lag update failed", error=str(exc))
 
 
-def check_fetching(silence: fetch_stall.Silence, admin: Callable[[], Any], topic: str,
+def check_fetching(silence: fetch_stall.Silence[int], admin: Callable[[], Any], topic: str,
                    group: str, now: float) -> None:
     """Raise FetchStalled when a partition silent for the limit has committed
     records past where the consumer would read, at two checks in a row. Asks
@@ -68,14 +68,18 @@ def check_fetching(silence: fetch_stall.Silence, admin: Callable[[], Any], topic
     if not silent:
         silence.confirm({})
         return
+    wanted = [(topic, p) for p in silent]
     try:
-        ends, committed = fetch_stall.ask_broker(
-            admin(), topic, group, silent,
-            need_committed=any(offset is None for offset in silent.values()))
+        client = admin()
+        ends = fetch_stall.committed_ends(client, wanted)
+        committed = (fetch_stall.group_committed(client, group, wanted)
+                     if any(offset is None for offset in silent.values()) else {})
     except Exception as exc:  # noqa: BLE001 - a broker down: no verdict, look again later
         log.debug("could not ask the broker about silent partitions", error=str(exc))
         return
-    verdict = silence.confirm(fetch_stall.stalled(silent, ends, committed))
+    verdict = silence.confirm(fetch_stall.stalled(
+        silent, {p: end for (_t, p), end in ends.items()},
+        {p: offset for (_t, p), offset in committed.items()}))
     if verdict:
         silent_s = min(silence.silent_for(p, now) for p in verdict)
         raise fetch_stall.FetchStalled(fetch_stall.describe(topic, verdict, silent_s))

@@ -106,7 +106,7 @@ class SinkService:
                                         rejoin=self._rejoin)
         # What the consumer last heard of each owned partition: one silent
         # while records wait means the client stopped fetching it.
-        self._silence = Silence(limit_s=config.fetch_stall_s)
+        self._silence: Silence[int] = Silence(limit_s=config.fetch_stall_s)
         self._made_at = clock()  # the first heartbeat is due one interval after this
         self._s3_errors = S3Errors()
 

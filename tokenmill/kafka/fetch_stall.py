@@ -18,14 +18,14 @@ with one line and its supervisor restarts it from committed state.
 which partitions have been silent long enough to ask the broker about;
 `stalled` decides from the broker's answer, and a verdict stands only when
 the next look (a check later) finds the same partition stalled at the same
-offset. `ask_broker` does the asking.
+offset. `committed_ends` and `group_committed` ask the broker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tokenmill.kafka.transactions import KafkaFatal
 
@@ -33,6 +33,9 @@ from tokenmill.kafka.transactions import KafkaFatal
 # asked: a loop blocked elsewhere (an upload it waits for) is not a stall.
 LIMIT_S = 60.0
 MIN_POLLS = 20
+
+
+K = TypeVar("K", bound=Hashable)  # a partition: its number, or (slot, topic, partition)
 
 
 class FetchStalled(KafkaFatal):
@@ -46,35 +49,35 @@ class _Heard:
     next_offset: int | None  # the offset it would read next; None: nothing heard yet
 
 
-class Silence:
+class Silence(Generic[K]):
     """Per owned partition, when the consumer last heard of it and where it
     would read next. `now` is any monotonic clock, the same for all calls."""
 
     def __init__(self, limit_s: float = LIMIT_S, min_polls: int = MIN_POLLS) -> None:
         self.limit_s = limit_s
         self.min_polls = min_polls
-        self._heard: dict[int, _Heard] = {}
-        self._suspected: dict[int, int] = {}  # the last verdict: partition -> would read
+        self._heard: dict[K, _Heard] = {}
+        self._suspected: dict[K, int] = {}  # the last verdict: partition -> would read
 
-    def owned(self, partitions: Iterable[int], now: float) -> None:
+    def owned(self, partitions: Iterable[K], now: float) -> None:
         """Assigned: read from the group's committed offset, not known here."""
         for partition in partitions:
             self._heard[partition] = _Heard(now, 0, None)
 
-    def dropped(self, partitions: Iterable[int]) -> None:
+    def dropped(self, partitions: Iterable[K]) -> None:
         for partition in partitions:
             self._heard.pop(partition, None)
 
-    def restarted(self, partition: int, offset: int, now: float) -> None:
+    def restarted(self, partition: K, offset: int, now: float) -> None:
         """The partition is read again from `offset` (a seek)."""
         if partition in self._heard:
             self._heard[partition] = _Heard(now, 0, offset)
 
-    def record(self, partition: int, offset: int, now: float) -> None:
+    def record(self, partition: K, offset: int, now: float) -> None:
         if partition in self._heard:
             self._heard[partition] = _Heard(now, 0, offset + 1)
 
-    def end(self, partition: int, offset: int, now: float) -> None:
+    def end(self, partition: K, offset: int, now: float) -> None:
         """An end-of-partition mark: nothing more to read at `offset`, now."""
         if partition in self._heard:
             self._heard[partition] = _Heard(now, 0, offset)
@@ -83,13 +86,19 @@ class Silence:
         for heard in self._heard.values():
             heard.polls += 1
 
-    def silent(self, now: float) -> dict[int, int | None]:
+    def hush(self, now: float) -> None:
+        """Not fetching on purpose just now (paused, or the buffer full):
+        silence from here on counts from now."""
+        for heard in self._heard.values():
+            heard.at, heard.polls = now, 0
+
+    def silent(self, now: float) -> dict[K, int | None]:
         """The partitions silent for `limit_s` over `min_polls` polls: the
         offset each would read next (None: nothing heard since assigned)."""
         return {p: h.next_offset for p, h in self._heard.items()
                 if now - h.at >= self.limit_s and h.polls >= self.min_polls}
 
-    def confirm(self, verdict: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    def confirm(self, verdict: Mapping[K, tuple[int, int]]) -> dict[K, tuple[int, int]]:
         """The partitions of `verdict` already stalled at the same offset in
         the previous one. Records committed a moment before the broker was
         asked may not be fetched yet: only a second look, a check later,
@@ -98,19 +107,19 @@ class Silence:
         self._suspected = {p: at for p, (at, _end) in verdict.items()}
         return confirmed
 
-    def silent_for(self, partition: int, now: float) -> float:
+    def silent_for(self, partition: K, now: float) -> float:
         heard = self._heard.get(partition)
         return 0.0 if heard is None else now - heard.at
 
 
-def stalled(silent: Mapping[int, int | None], ends: Mapping[int, int],
-            committed: Mapping[int, int]) -> dict[int, tuple[int, int]]:
+def stalled(silent: Mapping[K, int | None], ends: Mapping[K, int],
+            committed: Mapping[K, int]) -> dict[K, tuple[int, int]]:
     """Of the `silent` partitions (next offset, or None: the group's
     `committed` offset), those whose committed end in `ends` is past where
     the consumer would read: partition -> (would read, end). A partition
     missing from `ends` or `committed` (the broker did not say) is not
     judged."""
-    verdict: dict[int, tuple[int, int]] = {}
+    verdict: dict[K, tuple[int, int]] = {}
     for partition, next_offset in silent.items():
         at = committed.get(partition) if next_offset is None else next_offset
         end = ends.get(partition)
@@ -121,35 +130,39 @@ def stalled(silent: Mapping[int, int | None], ends: Mapping[int, int],
     return verdict
 
 
-def describe(topic: str, verdict: Mapping[int, tuple[int, int]], silent_s: float) -> str:
-    """The one line a stalled service exits with."""
+def describe(topic: str, verdict: Mapping[Any, tuple[int, int]], silent_s: float) -> str:
+    """The one line a stalled service exits with (`verdict` keys: what names
+    a partition there)."""
     waiting = ", ".join(f"{p} ({end - at} records from offset {at})"
-                        for p, (at, end) in sorted(verdict.items()))
+                        for p, (at, end) in sorted(verdict.items(), key=lambda kv: str(kv[0])))
     return (f"the Kafka consumer stopped fetching {topic}: nothing came for {silent_s:.0f}s "
             f"from partitions with committed records waiting: {waiting} (librdkafka after a "
             "broker restart); exiting so that the supervisor restarts it from committed state")
 
 
-def ask_broker(admin: Any, topic: str, group: str, partitions: Iterable[int], *,
-               need_committed: bool, timeout_s: float = 10.0) \
-        -> tuple[dict[int, int], dict[int, int]]:
-    """The partitions' committed ends (last stable offsets) and, with
-    `need_committed`, the group's committed offsets. Bounded by `timeout_s`
-    per call; raises what the client raises (the caller judges nothing then)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
+def committed_ends(admin: Any, partitions: Iterable[tuple[str, int]],
+                   timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
+    """Each (topic, partition)'s committed end: its last stable offset, what
+    a `read_committed` reader can reach. Bounded by `timeout_s`; raises what
+    the client raises."""
+    from confluent_kafka import IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
-    wanted = [TopicPartition(topic, p) for p in partitions]
-    listed = admin.list_offsets({tp: OffsetSpec.latest() for tp in wanted},
+    listed = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions},
                                 isolation_level=IsolationLevel.READ_COMMITTED,
                                 request_timeout=timeout_s)
-    ends = {tp.partition: future.result(timeout=timeout_s).offset
+    return {(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
             for tp, future in listed.items()}
-    committed: dict[int, int] = {}
-    if need_committed:
-        offsets = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, wanted)], request_timeout=timeout_s)
-        for tp in offsets[group].result(timeout=timeout_s).topic_partitions:
-            if tp.error is None:
-                committed[tp.partition] = tp.offset
-    return ends, committed
+
+
+def group_committed(admin: Any, group: str, partitions: Iterable[tuple[str, int]],
+                    timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
+    """The group's committed offsets of the partitions that have one."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    wanted = [TopicPartition(t, p) for t, p in partitions]
+    offsets = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, wanted)], request_timeout=timeout_s)
+    return {(tp.topic, tp.partition): tp.offset
+            for tp in offsets[group].result(timeout=timeout_s).topic_partitions
+            if tp.error is None}
