@@ -17,7 +17,6 @@ lost -> assign cycle unnoticed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumer.fleet import slot_name
-from tokenmill.kafka import clients, groups
+from tokenmill.kafka import clients, groups, start_offsets
 from tokenmill.kafka.transactions import GroupOffsets, KafkaFatal
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
@@ -35,13 +34,6 @@ log = get_logger("tokenmill.consumer.membership")
 
 Callback = Callable[["Slot", list[TopicPartition]], None]
 CLOSE_LIMIT_S = 60.0
-# A partition whose last owner died mid-commit has offsets pending in that
-# owner's transaction: the coordinator answers "unstable" until the
-# transaction is aborted (by the owner's next incarnation, or after its
-# 20 s transaction timeout and the coordinator's next check), and
-# librdkafka's committed() times out meanwhile. The new owner waits that
-# out rather than exit (within CLOSE_LIMIT_S, the watchdog's bound).
-COMMITTED_WAIT_S = 45.0
 
 
 @dataclass
@@ -208,29 +200,11 @@ class Membership:
 
     def committed(self, slot: Slot, partitions: list[TopicPartition]
                   ) -> dict[tuple[str, int], int | None]:
-        tps = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-        timeout_s = max(5.0, self.settings.connect_timeout_s)
-
-        def read() -> list[TopicPartition]:
-            deadline = time.monotonic() + COMMITTED_WAIT_S
-            while True:
-                try:
-                    return slot.consumer.committed(tps, timeout=timeout_s)
-                except KafkaException as exc:
-                    error = exc.args[0] if exc.args else None
-                    timed_out = (isinstance(error, KafkaError)
-                                 and error.code() == KafkaError._TIMED_OUT)
-                    if not timed_out or time.monotonic() + timeout_s > deadline:
-                        raise
-                    log.warning("committed offsets not readable yet: the partitions' last "
-                                "owner may have died inside a transaction; waiting for it to "
-                                "be aborted", slot=slot.name,
-                                partitions=sorted(f"{tp.topic.rsplit('.', 1)[-1]}-{tp.partition}"
-                                                  for tp in tps))
-
-        found = self._guarded("reading committed offsets", read)
-        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
-                for tp in found}
+        found: start_offsets.Start = self._guarded(
+            "reading committed offsets", lambda: start_offsets.committed_offsets(
+                slot.consumer, partitions, timeout_s=max(5.0, self.settings.connect_timeout_s),
+                who=slot.name))
+        return found
 
     # -- callbacks (inside consume()/close(), on the loop thread) ---------------
 

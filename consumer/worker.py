@@ -57,7 +57,7 @@ from consumer.sglang_client import SGLangClient
 from consumer.turn_chain import TurnChain
 from schemas import RunSpec
 from tokenmill import progress, run_done
-from tokenmill.kafka import clients, groups, topics, transactions
+from tokenmill.kafka import clients, groups, start_offsets, topics, transactions
 from tokenmill.kafka.transactions import KafkaFatal, TransactionHooks
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
@@ -150,7 +150,8 @@ class Worker:
 
     def _on_assign(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         committed = self._members.committed(slot, partitions)
-        self.ownership.assign(slot.name, partitions, committed)
+        self.ownership.assign(slot.name, partitions, committed)  # sets a resumed one's offset
+        start_offsets.place(partitions, committed)
         self.fetch_watch.assigned(slot.name, partitions, committed)
 
     def _on_revoke(self, slot: Slot, partitions: list[TopicPartition]) -> None:

@@ -47,7 +47,7 @@ from sink.round import Rounds
 from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, make_client
 from tokenmill import progress as run_progress
-from tokenmill.kafka import clients, groups, topics, transactions
+from tokenmill.kafka import clients, groups, start_offsets, topics, transactions
 from tokenmill.kafka.fetch_stall import Silence
 from tokenmill.kafka.stranded import StrandedRepair
 from tokenmill.kafka.transactions import KafkaFatal
@@ -60,6 +60,9 @@ log = get_logger("tokenmill.sink")
 LAG_INTERVAL_S = 5.0
 # How often silent partitions are looked at (tokenmill/kafka/fetch_stall.py).
 FETCH_CHECK_INTERVAL_S = 10.0
+# The committed-offset read at an assignment waits out an undecided
+# transaction (start_offsets.COMMITTED_WAIT_S), within this.
+COMMITTED_GUARD_S = 60.0
 ROUND_POLL_S = 0.01
 
 
@@ -253,9 +256,21 @@ class SinkService:
 
     # Rebalance callbacks: they run inside consume(), on this thread.
 
-    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        # Read from the committed offsets, once no transaction holds them
+        # undecided (tokenmill/kafka/start_offsets.py), assigned explicitly.
+        with self.watchdog.guard("reading committed offsets", COMMITTED_GUARD_S):
+            start = start_offsets.committed_offsets(
+                consumer, partitions, timeout_s=max(5.0, self.settings.connect_timeout_s),
+                who=f"sink {self.config.instance}")
+        start_offsets.place(partitions, start)
+        consumer.incremental_assign(partitions)
         self._ownership.assign(tp.partition for tp in partitions)
-        self._silence.owned((tp.partition for tp in partitions), self.clock())
+        now = self.clock()
+        self._silence.owned((tp.partition for tp in partitions), now)
+        for tp in partitions:
+            if tp.offset >= 0:
+                self._silence.restarted(tp.partition, tp.offset, now)
 
     def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._rounds.leave((tp.partition for tp in partitions), lost=False)

@@ -27,6 +27,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from tokenmill.kafka import committed as committed_reads
 from tokenmill.kafka.transactions import KafkaFatal
 
 # Silent this long, over at least MIN_POLLS polls, before the broker is
@@ -143,16 +144,15 @@ def describe(topic: str, verdict: Mapping[Any, tuple[int, int]], silent_s: float
 def committed_ends(admin: Any, partitions: Iterable[tuple[str, int]],
                    timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
     """Each (topic, partition)'s committed end: its last stable offset, what
-    a `read_committed` reader can reach. Bounded by `timeout_s`; raises what
-    the client raises."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    listed = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions},
-                                isolation_level=IsolationLevel.READ_COMMITTED,
-                                request_timeout=timeout_s)
-    return {(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
-            for tp, future in listed.items()}
+    a `read_committed` reader can reach. Raises what the client raises."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions:
+        by_topic.setdefault(topic, []).append(partition)
+    ends: dict[tuple[str, int], int] = {}
+    for topic, wanted in by_topic.items():
+        for p, end in committed_reads.last_stable_offsets(admin, topic, wanted, timeout_s).items():
+            ends[(topic, p)] = end
+    return ends
 
 
 def group_committed(admin: Any, group: str, partitions: Iterable[tuple[str, int]],

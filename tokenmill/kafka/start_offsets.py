@@ -1,0 +1,68 @@
+"""Where a newly assigned partition is read from: the group's committed
+offset, read by the member itself, waited for while it is unstable, and
+assigned explicitly.
+
+A partition whose last owner died mid-commit has offsets pending in that
+owner's transaction: the coordinator answers "unstable" until the
+transaction is aborted (by the owner's next incarnation, or after its
+transaction timeout and the coordinator's next check), and librdkafka's
+committed() times out meanwhile. Left to librdkafka's own fetch at
+assignment, a sink under KIP-848 was seen (CI, tests/sink/test_stranding.py)
+to start such a partition from its beginning: batches committed long before
+were read, uploaded and committed again. Their objects stayed single
+(pinned to the same keys), but the counters counted them twice, the run
+looked persisted while its last records were not, and a dead-letter record
+among them would have been written twice. So the worker and the sink read
+the offsets themselves and wait out "unstable", within `wait_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from tokenmill.log import get_logger
+
+log = get_logger("tokenmill.kafka")
+
+COMMITTED_WAIT_S = 45.0
+
+Start = dict[tuple[str, int], int | None]  # (topic, partition) -> committed offset, None: none
+
+
+def committed_offsets(consumer: Consumer, partitions: Sequence[TopicPartition], *,
+                      timeout_s: float, who: str, wait_s: float = COMMITTED_WAIT_S) -> Start:
+    """The group's committed offset of each partition (None: nothing
+    committed), once no transaction holds it undecided. Raises
+    KafkaException when it stays unreadable past `wait_s`, or fails
+    otherwise; the caller bounds the whole wait with its watchdog."""
+    tps = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            found = consumer.committed(tps, timeout=timeout_s)
+            break
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            timed_out = isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT
+            if not timed_out or time.monotonic() + timeout_s > deadline:
+                raise
+            log.warning("committed offsets not readable yet: the partitions' last owner may "
+                        "have died inside a transaction; waiting for it to be aborted", who=who,
+                        partitions=sorted(f"{tp.topic.rsplit('.', 1)[-1]}-{tp.partition}"
+                                          for tp in tps))
+    return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+
+def place(partitions: Sequence[TopicPartition], start: Start) -> None:
+    """Set each partition's offset to where it is read from: its committed
+    offset, or its beginning when nothing is committed (never left to
+    librdkafka's own fetch of the committed offset). A partition whose
+    offset is set already (a worker's parked partition resuming) keeps it."""
+    for tp in partitions:
+        if tp.offset >= 0:
+            continue
+        offset = start.get((tp.topic, tp.partition))
+        tp.offset = offset if offset is not None else OFFSET_BEGINNING
