@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -159,6 +160,20 @@ def _stop_fetching(point: str, count: int) -> None:
         paused += [tp.partition for tp in held]
     _event("fault injection: fetching stopped", point=point, count=count,
            partitions=sorted(paused))
+
+
+def assert_fetch_stall_exit(text: str, stall_s: float) -> None:
+    """The log of a service whose fetching was stopped: it exited with one
+    `Error:` line naming the stall and what waits, after a silence of at
+    least `stall_s`, and was never told (no revocation or loss after the stop)."""
+    errors = [line for line in text.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "stopped fetching" in errors[0], text[-3000:]
+    assert "records from offset" in errors[0]
+    assert "Traceback" not in text
+    silent = re.search(r"nothing came for (\d+)s", errors[0])
+    assert silent is not None and int(silent.group(1)) >= stall_s, errors[0]
+    after = text[text.index("fault injection: fetching stopped"):]
+    assert "partitions revoked" not in after and "partitions lost" not in after
 
 
 def _point(spec: str) -> tuple[str, int]:
