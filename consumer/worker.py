@@ -33,6 +33,7 @@ turn_chain.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import time
 from collections.abc import Sequence
@@ -107,8 +108,8 @@ class Worker:
             on_fatal=self._fail_fatally)
         self.server = ServerWatch(config=config, spec=spec, metrics=self.metrics,
                                   wake=self._wake.set, on_breaker=self.committer.heartbeat_soon)
-        self.fetch_watch = FetchWatch(limit_s=config.fetch_stall_s,
-                                      admin=lambda: clients.admin(settings))
+        self.fetch_watch = FetchWatch(limit_s=config.fetch_stall_s,  # admin made once, if ever
+                                      admin=functools.cache(lambda: clients.admin(settings)))
         self.intake = Intake(ownership=self.ownership, chain=self.chain,
                              instance=config.instance, wake=self._wake.set,
                              fetch_watch=self.fetch_watch)

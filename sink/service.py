@@ -22,6 +22,7 @@ if its uploads are done, start the next -> until-done check.
 
 from __future__ import annotations
 
+import functools
 import gc
 import signal
 import time
@@ -110,6 +111,7 @@ class SinkService:
         # What the consumer last heard of each owned partition: one silent
         # while records wait means the client stopped fetching it.
         self._silence: Silence[int] = Silence(limit_s=config.fetch_stall_s)
+        self._lookups = functools.cache(lambda: clients.admin(settings))  # made once, if ever
         self._made_at = clock()  # the first heartbeat is due one interval after this
         self._s3_errors = S3Errors()
 
@@ -309,7 +311,7 @@ class SinkService:
                                          self.spec.partitions)
                 next_lag = now + LAG_INTERVAL_S
             if now >= next_fetch_check:
-                check_fetching(self._silence, lambda: clients.admin(self.settings), self.topic,
+                check_fetching(self._silence, self._lookups, self.topic,
                                topics.sink_group(config.run), now)
                 next_fetch_check = now + FETCH_CHECK_INTERVAL_S
             if liveness.due(now):
