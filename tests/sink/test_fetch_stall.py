@@ -23,11 +23,10 @@ from tests.sink.sink_helpers import (
     wait,
     wait_for,
 )
+from tests.sink.test_crash import FAST
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(240)]
 
-FAST = ("--batch-size", "10", "--max-batch-age", "1", "--session-timeout", "6",
-        "--create-bucket", "--instance", "solo")
 STALL_S = 5.0
 
 
