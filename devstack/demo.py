@@ -108,7 +108,8 @@ def demo(settings: Settings, gpus: int, run_id: str | None, max_tokens: int, tim
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    plan = stack.StackPlan.on_free_ports(state_dir / "stack", kafka_heap="768m")
+    plan = stack.StackPlan.on_free_ports(state_dir / "stack", kafka_heap="768m",
+                                         quick_jvm=True)
     with console.status("starting Kafka and S3...") as spinner:
         stack_state, _ = stack.up(plan, on_progress=spinner.update)
     env = {**os.environ, **stack_state.env(), "TOKENMILL_LOG_FORMAT": "json",

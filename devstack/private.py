@@ -90,12 +90,12 @@ class PrivateStack:
     on free ports, stopped by `down` (or leaving the `with` block)."""
 
     def __init__(self, state_dir: Path, *, brokers: int = 1, kafka_heap: str = "512m",
-                 timeout_s: float = 180.0, secure: bool = False) -> None:
+                 timeout_s: float = 180.0, secure: bool = False, quick_jvm: bool = True) -> None:
         if brokers not in (1, 3):
             raise ValueError("a private stack has 1 or 3 brokers")
         self.plan = stack.StackPlan.on_free_ports(state_dir, brokers=brokers,
                                                   kafka_heap=kafka_heap, timeout_s=timeout_s,
-                                                  secure=secure)
+                                                  secure=secure, quick_jvm=quick_jvm)
         self._state: stack.StackState | None = None
 
     def up(self) -> Self:

@@ -100,6 +100,9 @@ class StackPlan:
     kafka_heap: str = "1g"
     timeout_s: float = 120.0
     secure: bool = False  # SASL_SSL, ACLs, a principal per role (devstack/secure.py)
+    # Brokers that live minutes (tests, the demo): a JVM that starts on less
+    # CPU (devstack/kafka_broker.py QUICK_JVM); benchmarks keep the server JVM.
+    quick_jvm: bool = False
     nodes: tuple[kraft.Node, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -138,7 +141,7 @@ class StackPlan:
     def node_plans(self) -> list[kafka_broker.NodePlan]:
         single = self.brokers == 1
         return [kafka_broker.NodePlan(
-                    node=node, heap=self.kafka_heap,
+                    node=node, heap=self.kafka_heap, quick_jvm=self.quick_jvm,
                     home=self.state_dir / ("kafka" if single else f"kafka-{node.node_id}"))
                 for node in self.nodes]
 

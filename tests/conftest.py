@@ -11,6 +11,9 @@ Where they come from:
    whole session however many xdist workers it has: the first worker that
    needs it starts it (under a file lock in a directory the controller
    made), the others find it there, and the controller stops it at the end.
+   On a run of the whole suite the controller starts it (and the real
+   object store below) itself, in the background while the test processes
+   start and collect, so that the first tests find them up.
 Whatever the session started is stopped at its end.
 
 The S3-facing tests (`REAL_S3_TESTS`: tests/sink/ and the end-to-end
@@ -30,6 +33,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -93,12 +97,41 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and SHARED_STACK_DIR not in os.environ:
         os.environ[SHARED_STACK_DIR] = tempfile.mkdtemp(prefix="tokenmill-test-stack-")
         config.stash[_made_stack_dir] = Path(os.environ[SHARED_STACK_DIR])
+        if _starts_early(config):
+            early = threading.Thread(target=_start_shared_services, daemon=True)
+            early.start()
+            config.stash[_early_start] = early
+
+
+def _starts_early(config: pytest.Config) -> bool:
+    """The whole suite, natively, in test processes: the first tests of
+    each process would otherwise wait for the stack, started by one of them
+    while the others start their own brokers."""
+    whole_suite = [str(a) for a in config.args] in ([], ["tests"], [str(config.rootpath / "tests")])
+    return (whole_suite and bool(getattr(config.option, "numprocesses", 0))
+            and not config.option.collectonly
+            and service_mode() == "native"
+            and not os.environ.get("TOKENMILL_TEST_BOOTSTRAP_SERVERS"))
+
+
+def _start_shared_services() -> None:
+    """The session's stack, then the real object store (a failure here is
+    the first test's to report: it tries again under the same lock)."""
+    try:
+        _shared_stack()
+        if not os.environ.get("TOKENMILL_TEST_REAL_S3_ENDPOINT_URL"):
+            _real_s3_native()
+    except Exception:  # noqa: BLE001 - retried and reported by the fixtures
+        pass
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     made = config.stash.get(_made_stack_dir, None)
     if made is None:
         return
+    early = config.stash.get(_early_start, None)
+    if early is not None:
+        early.join(300)  # stopping what it may still be starting
     from devstack import stack
 
     for name in ("stack", "secure-stack"):  # secure-stack: tests/secure/conftest.py
@@ -116,6 +149,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _made_stack_dir = pytest.StashKey[Path]()
+_early_start = pytest.StashKey[threading.Thread]()
 
 # Test files and folders whose `settings` point at the real object store.
 REAL_S3_TESTS = ("tests/sink/", "tests/e2e/test_pipeline.py")
@@ -214,10 +248,10 @@ def real_s3() -> RealS3:
     return _real_s3_native()
 
 
-def _from_native() -> Services:
+def _shared_stack():  # type: ignore[no-untyped-def]
     """The session's one stack: started by the first process to ask, under a
     lock; stopped by the controller (pytest_unconfigure)."""
-    from devstack import s3_server, stack
+    from devstack import stack
 
     shared = Path(os.environ[SHARED_STACK_DIR])
     with open(shared / "lock", "w") as lock:
@@ -225,7 +259,15 @@ def _from_native() -> Services:
         state = stack.read_state(shared / "stack")
         if state is None or not all(stack.running(state).values()):
             state, _ = stack.up(stack.StackPlan.on_free_ports(shared / "stack",
-                                                              kafka_heap="768m"))
+                                                              kafka_heap="768m",
+                                                              quick_jvm=True))
+    return state
+
+
+def _from_native() -> Services:
+    from devstack import s3_server
+
+    state = _shared_stack()
     return Services(
         bootstrap_servers=state.bootstrap,
         s3_endpoint_url=state.s3.address,
