@@ -161,17 +161,22 @@ REAL_S3_TESTS = ("tests/sink/", "tests/e2e/test_pipeline.py")
 # order, most tests first, put these one-test files last). Then the other
 # files with a `slow` test, then the rest, each in collection order.
 LONGEST_FIRST = (
-    "tests/e2e/test_compose.py",  # builds the images when missing (about 2 min) first
-    "tests/liveness/test_broker_faults.py",
-    "tests/liveness/test_broker_bounces.py",
     "tests/consumer/test_stranding.py",
-    "tests/sink/test_stranding.py",
-    "tests/foundation/test_cluster.py",
+    "tests/liveness/test_broker_faults.py",
+    "tests/e2e/test_compose.py",  # builds the images when missing (about 2 min) first
+    "tests/dataset/test_lineage_e2e.py",
+    "tests/liveness/test_broker_bounces.py",
     "tests/consumer/test_resilience.py",
+    "tests/foundation/test_devstack.py",
+    "tests/sink/test_stranding.py",
     "tests/consumer/test_liveness.py",
     "tests/consumer/test_waste.py",
-    "tests/liveness/test_status_truth.py",
     "tests/install/test_wheel.py",
+    "tests/liveness/test_status_truth.py",
+    "tests/consumer/test_breaker_pipeline.py",
+    "tests/foundation/test_bad_settings.py",
+    "tests/e2e/test_regenerate_turns.py",
+    "tests/sink/test_rebalance.py",
 )
 
 
