@@ -4,7 +4,7 @@ with a worker each and the sink process the demo's sample set; S3 lines plus
 dead-letter records must equal the published prompt ids, none twice; `down`
 leaves no container of the project behind.
 
-It runs in `make test` beside the other files, and first (tests/conftest.py
+It runs in `make test` beside the other files, among the first (tests/conftest.py
 LONGEST_FIRST): on a clean machine its first step installs podman and builds
 the images (about 3 minutes, mostly downloads and unpacking) while the other
 test processes go on. Without podman and root it skips, and in CI fails.
