@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from tokenmill.malloc_arenas import limit_arenas
+
 # name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
     "dev": "devstack.command:dev",
@@ -93,6 +95,7 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    limit_arenas()  # before any thread starts (tokenmill/malloc_arenas.py says why)
     cli.main(args=argv, prog_name="tokenmill")
 
 
