@@ -4,12 +4,13 @@ glibc gives each thread that allocates under contention an arena of its own
 (up to 8 per core), and memory freed in an arena is rarely given back while
 any allocation in it lives. A worker's threads (librdkafka's, and the ones
 asyncio.to_thread borrows for broker lookups) keep allocating and freeing,
-so its resident size crept up for as long as it ran: 74 MiB to 91 MiB in
-seven minutes of a paced run (about 85 MiB an hour, and on the seed-sized
-run 73-157 MiB an hour per worker), where the same run with two arenas
-stayed at 71-73 MiB (bench/results/seed_run.json; docs/benchmarks.md).
-`MALLOC_ARENA_MAX=2` does the same from the environment; setting it here
-holds for every way a process is started (systemd, containers, tests)."""
+and on the seed-sized run each worker's resident size rose 73-157 MiB an
+hour. With two arenas a paced worker stayed flat in every run measured
+(70-99 MiB, at most 2 MiB in seven minutes), where glibc's default went
+74 -> 91 MiB in one of two paired runs (docs/benchmarks.md, the seed run's
+findings; bench/bench_worker_memory.py). `MALLOC_ARENA_MAX=2` does the same
+from the environment; setting it here holds for every way a process is
+started (systemd, containers, tests)."""
 
 from __future__ import annotations
 
