@@ -149,9 +149,10 @@ class NodePlan:
 
 
 # The JIT's first tier only and the serial collector: a broker (or a storage
-# tool) that starts and runs for minutes spends a third less CPU on the
-# JVM's own start, which on a 2-core machine running a test suite is CPU
-# the tests' processes get (a server JVM optimises for hours of throughput).
+# tool) that lives minutes spends about half the CPU (a third less to start;
+# tests/liveness/test_broker_faults.py's broker, restarted three times: 20 CPU
+# seconds instead of 42), CPU that a test suite's other processes get on a
+# 2-core machine. A server JVM optimises for hours of throughput.
 QUICK_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 SERVER_JVM = ("-XX:+UseG1GC", "-XX:+UseStringDeduplication")
 

@@ -104,9 +104,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _starts_early(config: pytest.Config) -> bool:
-    """The whole suite, natively, in test processes: the first tests of
-    each process would otherwise wait for the stack, started by one of them
-    while the others start their own brokers."""
+    """The whole suite, natively, in test processes: the stack is up before
+    the first test that needs it, instead of started by that test while the
+    longest files start their own brokers."""
     whole_suite = [str(a) for a in config.args] in ([], ["tests"], [str(config.rootpath / "tests")])
     return (whole_suite and bool(getattr(config.option, "numprocesses", 0))
             and not config.option.collectonly
