@@ -32,6 +32,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import uuid
@@ -115,14 +116,17 @@ def _starts_early(config: pytest.Config) -> bool:
 
 
 def _start_shared_services() -> None:
-    """The session's stack, then the real object store (a failure here is
-    the first test's to report: it tries again under the same lock)."""
+    """The session's stack, then the real object store. A failure is said
+    in one line; the first test that needs the service tries again under
+    the same lock and fails with the whole error if it fails again."""
     try:
         _shared_stack()
         if not os.environ.get("TOKENMILL_TEST_REAL_S3_ENDPOINT_URL"):
             _real_s3_native()
-    except Exception:  # noqa: BLE001 - retried and reported by the fixtures
-        pass
+    except Exception as exc:  # noqa: BLE001 - the fixtures retry and report it
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        sys.stderr.write(f"starting the session's services early failed ({first_line}); "
+                         "the first test that needs them starts them again\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
