@@ -100,8 +100,8 @@ class StackPlan:
     kafka_heap: str = "1g"
     timeout_s: float = 120.0
     secure: bool = False  # SASL_SSL, ACLs, a principal per role (devstack/secure.py)
-    # Brokers that live minutes (tests, the demo): a JVM that starts on less
-    # CPU (devstack/kafka_broker.py QUICK_JVM); benchmarks keep the server JVM.
+    # Brokers that live minutes (a test's private stack, the demo): a JVM that
+    # starts on less CPU (devstack/kafka_broker.py QUICK_JVM says when not).
     quick_jvm: bool = False
     nodes: tuple[kraft.Node, ...] = field(init=False)
 

@@ -11,7 +11,9 @@ Where they come from:
    whole session however many xdist workers it has: the first worker that
    needs it starts it (under a file lock in a directory the controller
    made), the others find it there, and the controller stops it at the end.
-   On a run of the whole suite the controller starts it (and the real
+   Its broker runs the server JVM: it serves the whole suite for 15
+   minutes (devstack/kafka_broker.py QUICK_JVM says why). On a run of the
+   whole suite the controller starts it (and the real
    object store below) itself, in the background while the test processes
    start and collect, so that the first tests find them up.
 Whatever the session started is stopped at its end.
@@ -268,8 +270,7 @@ def _shared_stack():  # type: ignore[no-untyped-def]
         state = stack.read_state(shared / "stack")
         if state is None or not all(stack.running(state).values()):
             state, _ = stack.up(stack.StackPlan.on_free_ports(shared / "stack",
-                                                              kafka_heap="768m",
-                                                              quick_jvm=True))
+                                                              kafka_heap="768m"))
     return state
 
 
