@@ -6,7 +6,7 @@ per request, `--concurrency 72`, the seed's per-server cap): tokenmill as it
 ships (glibc's malloc arenas capped at two, tokenmill/malloc_arenas.py) and,
 as the baseline, the same worker with the cap lifted (`MALLOC_ARENA_MAX=64`
 in its environment, which the cap leaves alone: glibc's own default of 8 per
-core). RSS from /proc/<pid>/status every 2 s for `--seconds`; the figure is
+core). RSS from /proc/<pid>/statm every 2 s for `--seconds`; the figure is
 each worker's RSS at the end over its RSS at 10% of the time (the seed run's
 target: <= 1.1), with the slope in MiB an hour beside it. The runs hold more
 prompts than the time lets them finish, so both workers are busy throughout.
@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.consume_sides import consume_argv, setup_run
 from bench.figures import Figure, Recorder, console_table, ratio
+from bench.seed_figures import FLAT_FROM, FLAT_LIMIT, growth, slope_per_hour, value_at
+from bench.seed_sampler import proc_usage
 from bench.services import ROOT, bench_settings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
@@ -44,33 +46,6 @@ PACED = SimulatorConfig(decode_rate=200.0, length_median=150, length_sigma=0.5, 
 CONCURRENCY = 72
 PARTITIONS = 4
 SIDES = {"capped (as shipped)": {}, "uncapped (MALLOC_ARENA_MAX=64)": {"MALLOC_ARENA_MAX": "64"}}
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def at(samples: list[tuple[float, float]], when: float) -> float:
-    """The sample nearest `when` seconds."""
-    return min(samples, key=lambda s: abs(s[0] - when))[1]
-
-
-def slope_per_hour(samples: list[tuple[float, float]]) -> float:
-    """Least-squares slope after the first 10% of the time, MiB an hour."""
-    tail = [s for s in samples if s[0] >= samples[-1][0] * 0.1]
-    n = len(tail)
-    mean_t = sum(t for t, _ in tail) / n
-    mean_r = sum(r for _, r in tail) / n
-    cov = sum((t - mean_t) * (r - mean_r) for t, r in tail)
-    var = sum((t - mean_t) ** 2 for t, _ in tail)
-    return round(cov / var * 3600, 1) if var else 0.0
 
 
 def run(settings: Settings, seconds: float, prompts: int, work: Path) -> list[Figure]:
@@ -93,9 +68,9 @@ def run(settings: Settings, seconds: float, prompts: int, work: Path) -> list[Fi
             for name, proc in procs.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with {proc.returncode}; log in {work}")
-                value = rss_mib(proc.pid)
-                if value is not None:
-                    samples[name].append((elapsed, value))
+                usage = proc_usage(proc.pid)
+                if usage is not None:
+                    samples[name].append((elapsed, usage[0] / 2**20))
             console.print(f"{elapsed:5.0f}s  " + "  ".join(
                 f"{name}: {s[-1][1]:.0f} MiB" for name, s in samples.items() if s), end="\r")
             time.sleep(2)
@@ -111,18 +86,19 @@ def run(settings: Settings, seconds: float, prompts: int, work: Path) -> list[Fi
                 proc.kill()
         for sim in sims.values():
             sim.terminate()
-    growth = {name: at(s, seconds * 1.0) / at(s, seconds * 0.1) for name, s in samples.items()}
+    grown = {name: growth(s, 0.0, seconds) for name, s in samples.items()}
     ours, base = list(SIDES)
-    details = {name: {"at_10pct_mib": round(at(s, seconds * 0.1), 1),
+    details = {name: {"at_10pct_mib": round(value_at(s, seconds * FLAT_FROM), 1),
                       "end_mib": round(s[-1][1], 1), "peak_mib": round(max(r for _, r in s), 1),
-                      "slope_mib_per_hour": slope_per_hour(s), "samples": len(s)}
+                      "slope_mib_per_hour": round(slope_per_hour(s, seconds * FLAT_FROM), 1),
+                      "samples": len(s)}
                for name, s in samples.items()}
     return [Figure(
         name=f"worker RSS end / RSS at 10% of {seconds:.0f} s, paced run, {CONCURRENCY} in flight",
-        unit="x", tokenmill=round(growth[ours], 3), baseline=round(growth[base], 3),
-        baseline_name=base, ratio=ratio(growth[ours], growth[base]), target="<= 1.1",
-        met=growth[ours] <= 1.1,
-        method="/proc/<pid>/status VmRSS every 2 s, both workers side by side on one broker, "
+        unit="x", tokenmill=round(grown[ours], 3), baseline=round(grown[base], 3),
+        baseline_name=base, ratio=ratio(grown[ours], grown[base]), target=f"<= {FLAT_LIMIT}",
+        met=grown[ours] <= FLAT_LIMIT,
+        method="/proc/<pid>/statm every 2 s, both workers side by side on one broker, "
                "each on its own run and simulated GPU; the value nearest 10% of the time and "
                "the last",
         details=details)]
