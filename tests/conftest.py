@@ -46,6 +46,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from devstack.private import PrivateStack
+from devstack.stack import StackState
 from tokenmill.settings import Settings
 
 # Properties are about values, not speed: an example that takes over
@@ -259,7 +260,7 @@ def real_s3() -> RealS3:
     return _real_s3_native()
 
 
-def _shared_stack():  # type: ignore[no-untyped-def]
+def _shared_stack() -> StackState:
     """The session's one stack: started by the first process to ask, under a
     lock; stopped by the controller (pytest_unconfigure)."""
     from devstack import stack
