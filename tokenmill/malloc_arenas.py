@@ -15,7 +15,6 @@ started (systemd, containers, tests)."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 M_ARENA_MAX = -8  # glibc's <malloc.h>
@@ -28,12 +27,10 @@ def limit_arenas(arenas: int = ARENAS) -> bool:
     MALLOC_ARENA_MAX (the operator's choice wins)."""
     if os.environ.get("MALLOC_ARENA_MAX"):
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        # the symbols already loaded into this process (libc's among them):
+        # no `ldconfig` run, as ctypes.util.find_library would do at each start
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to cap
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
