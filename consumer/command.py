@@ -18,6 +18,7 @@ from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings, http_url_problem, sglang_api_key
+from tokenmill.startup import StartupLaps, process_age_s
 from tokenmill.tool_results import HookUnavailable
 
 register_known_error(FatalWorkerError, KafkaFatal, HookUnavailable)
@@ -130,10 +131,14 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         raise click.BadParameter(f"{instance!r}: use 1-100 letters, digits, '.', '_' or '-'",
                                  param_hint="--instance")
     api_key = sglang_api_key()
+    laps = StartupLaps(before_s=process_age_s())
     clients.wait_for_broker(settings)
+    laps.lap("kafka")
     spec = RunRegistry(settings).get(run_id)
+    laps.lap("run spec")
     asyncio.run(wait_for_server(sglang_url, timeout_s=settings.startup_timeout_s,
                                 api_key=api_key))
+    laps.lap("server")
     config = WorkerConfig(
         instance=instance,
         sglang_url=sglang_url,
@@ -154,5 +159,6 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         metrics_port=metrics_port,
         api_key=api_key,
     )
-    finish_now(run_service(lambda: asyncio.run(Worker(settings, spec, config).run()),
-                           fatal=(FatalWorkerError,)))
+    finish_now(run_service(
+        lambda: asyncio.run(Worker(settings, spec, config, startup=laps).run()),
+        fatal=(FatalWorkerError,)))

@@ -62,6 +62,7 @@ from tokenmill.kafka import clients, groups, start_offsets, topics, transactions
 from tokenmill.kafka.transactions import KafkaFatal, TransactionHooks
 from tokenmill.log import get_logger
 from tokenmill.settings import Settings
+from tokenmill.startup import StartupLaps
 from tokenmill.watchdog import Watchdog
 
 __all__ = ["FatalWorkerError", "Worker", "WorkerConfig"]
@@ -71,12 +72,15 @@ log = get_logger("tokenmill.consumer")
 
 class Worker:
     """Parameters: `settings`, `spec` (the run), `config`, `hooks` (observe
-    each transaction step; tests fail or crash one). `run()` returns the exit
-    code, or raises FatalWorkerError."""
+    each transaction step; tests fail or crash one), `startup` (the laps of
+    the start so far, logged with the first request). `run()` returns the
+    exit code, or raises FatalWorkerError."""
 
     def __init__(self, settings: Settings, spec: RunSpec, config: WorkerConfig,
-                 hooks: TransactionHooks | None = None) -> None:
+                 hooks: TransactionHooks | None = None,
+                 startup: StartupLaps | None = None) -> None:
         self.settings = settings
+        self._startup: StartupLaps | None = startup or StartupLaps()
         self.spec = spec
         self.config = config
         self.hooks = hooks
@@ -140,12 +144,19 @@ class Worker:
             config={"linger.ms": 20, "queue.buffering.max.messages": 200_000},
             timeout_s=config.transaction_timeout_s, hooks=self.hooks, watchdog=self.watchdog)
         self._producer = txns.producer
+        self._lap("transactions")
         self.committer.start(txns, progress.read_one(settings, self.committer.progress_key))
+        self._lap("progress record")
         if config.group_protocol == "consumer" and config.session_timeout_s:
             groups.set_session_timeout(clients.admin(settings), self.group,
                                        config.session_timeout_s, settings.connect_timeout_s)
         for _ in range(self.balancing.initial_slots()):
             self._members.open()
+        self._lap("group")
+
+    def _lap(self, step: str) -> None:
+        if self._startup is not None:
+            self._startup.lap(step)
 
     # -- rebalance callbacks (inside consume()/close(), on the loop thread) ------
 
@@ -184,6 +195,10 @@ class Worker:
     def _start_tasks(self) -> None:
         if not self.stopping and self.server.serving:
             self.dispatch.start(limit=self.server.limit, draining=self.balancing.draining)
+            if self._startup is not None and self.ownership.in_flight:
+                self._lap("first prompt")
+                log.info("first request", startup_s=self._startup.summary())
+                self._startup = None
 
     def _fail_fatally(self, error: BaseException) -> None:
         if self.fatal is None:
@@ -239,6 +254,7 @@ class Worker:
                                 api_key=config.api_key) as client:
             try:
                 await self.server.start(client)
+                self._lap("server limits")
                 self.dispatch.use(Generator(
                     client=client, gate=self.server.gate, spec=self.spec,
                     instance=config.instance, retry=config.retry, breaker=self.server.breaker,

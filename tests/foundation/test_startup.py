@@ -18,7 +18,9 @@ from tokenmill.startup import (
     MAX_DELAY_S,
     MIN_DELAY_S,
     DependencyDown,
+    StartupLaps,
     StartupWait,
+    process_age_s,
     retry_delay,
     wait_until_up,
 )
@@ -131,3 +133,24 @@ async def test_a_server_that_never_answers_ends_the_wait_with_one_line() -> None
     assert time.monotonic() - started < 30
     assert f"the SGLang server at {url} is down: no answer" in str(raised.value)
     assert "waited" in str(raised.value)
+
+
+def test_start_up_laps_add_up_to_the_total_and_keep_the_process_start() -> None:
+    clock = FakeClock()
+    laps = StartupLaps(clock=clock, before_s=1.5)
+    clock.sleep(0.25)
+    laps.lap("kafka")
+    clock.sleep(2.0)
+    laps.lap("transactions")
+    clock.sleep(0.5)
+    laps.lap("kafka")  # a step met twice adds up
+    assert laps.summary() == {"process": 1.5, "kafka": 0.75, "transactions": 2.0, "total": 4.25}
+
+
+def test_process_age_counts_from_the_process_start_not_from_the_import() -> None:
+    age = process_age_s()
+    assert age is not None  # Linux: /proc is there
+    before = time.monotonic()
+    time.sleep(0.2)  # paced: the age must grow with the wall clock
+    later = process_age_s()
+    assert later is not None and later - age >= 0.15 and later - age <= time.monotonic() - before + 0.05
