@@ -62,7 +62,8 @@ def _settled(count: Callable[[], int], quiet_s: float, timeout_s: float) -> int:
 def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
         settings, run_id, tmp_path, failing) -> None:
     spec = create_run(settings, run_id, partitions=2)
-    prompts = make_prompts(run_id, 1200)
+    # 100 answered before the failures, the rest (4/5) after the recovery
+    prompts = make_prompts(run_id, 500)
     publish(settings, spec, prompts)
     with running_simulator(PACED) as upstream, Gate(upstream) as gate:
         worker = ConsumerProcess(settings, run_id, gate.url(), "b0", tmp_path,

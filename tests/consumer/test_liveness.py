@@ -96,16 +96,21 @@ def test_a_worker_taking_over_from_one_killed_mid_commit_waits_instead_of_exitin
 def test_a_duplicate_instance_ends_the_older_one_with_one_line(settings, run_id,
                                                                  tmp_path) -> None:
     spec = create_run(settings, run_id, partitions=2)
-    prompts = make_prompts(run_id, 600)
+    prompts = make_prompts(run_id, 300)
     publish(settings, spec, prompts)
-    with running_simulator(PACED) as url:
-        older = ConsumerProcess(settings, run_id, url, "same", tmp_path, "--concurrency",
-                                "8", "--until-done").start()
+    with running_simulator(PACED) as upstream, Gate(upstream) as gate:
+        # the last prompt of each partition: the run goes on until the older one ended,
+        # so the newer one takes over mid-run however slowly it starts (an older one
+        # left with nothing else to do is fenced at its next heartbeat commit)
+        finish = gate.hold(containing=[f"Question {p.seq}:" for p in prompts[-2:]])
+        older = ConsumerProcess(settings, run_id, gate.url("older"), "same", tmp_path,
+                                "--concurrency", "8", "--until-done").start()
         wait_until(lambda: consumer_progress(settings, run_id).generated > 50, 60, "progress")
-        newer = ConsumerProcess(settings, run_id, url, "same", tmp_path, "--concurrency",
-                                "8", "--until-done").start()
+        newer = ConsumerProcess(settings, run_id, gate.url("newer"), "same", tmp_path,
+                                "--concurrency", "8", "--until-done").start()
         try:
             assert older.wait(60) == 1
+            finish.release()
             log = older.log()
             assert "Traceback" not in log
             errors = [line for line in log.splitlines() if line.startswith("Error:")]

@@ -3,20 +3,23 @@ line on stderr, `Error: ...` naming the flag or variable (or the dependency
 and its address), exit code 2 for usage and 1 for the environment, and never
 a traceback.
 
-Every case runs `python -m tokenmill.cli` as a real subprocess. The base
-environment points Kafka at an unused port with a 1 s connect timeout and no
-start-up wait, so a usage case that reached the network by mistake would
-fail with exit code 1 and a Kafka line instead of the expected one. The
-cases without a broker run a few at a time (each is a fresh interpreter).
+Every case runs `tokenmill` in a process of its own, with its own
+environment, working directory, stderr and exit code. The cases without a
+broker are forked from one interpreter that imported the commands once
+(tests/forked_cli.py: 76 interpreter starts cost more CPU than all the
+rest of this file); the broker cases run `python -m tokenmill.cli` as a
+fresh subprocess each. The base environment points Kafka at an unused port
+with a 1 s connect timeout and no start-up wait, so a usage case that
+reached the network by mistake would fail with exit code 1 and a Kafka line
+instead of the expected one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,12 +193,33 @@ def base_env(scratch: Path, port: int) -> dict[str, str]:
     return env
 
 
+def _argv_env(case: Case, env: dict[str, str],
+              fill: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    return ([a.format(**fill) for a in case.args],
+            {**env, **{k: v.format(**fill) for k, v in case.env.items()}})
+
+
 def run_case(case: Case, env: dict[str, str], fill: dict[str, str], cwd: Path) -> Outcome:
-    args = [a.format(**fill) for a in case.args]
-    full_env = {**env, **{k: v.format(**fill) for k, v in case.env.items()}}
+    args, full_env = _argv_env(case, env, fill)
     result = subprocess.run([sys.executable, "-m", "tokenmill.cli", *args], env=full_env,
                             cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
     return Outcome(result.returncode, result.stderr)
+
+
+def run_forked(cases: tuple[Case, ...], env: dict[str, str], fill: dict[str, str],
+               cwd: Path) -> dict[str, Outcome]:
+    """Every case in a child of one interpreter (tests/forked_cli.py)."""
+    lines = []
+    for case in cases:
+        args, full_env = _argv_env(case, env, fill)
+        lines.append(json.dumps({"id": case.id, "args": args, "env": full_env,
+                                 "cwd": str(cwd)}))
+    result = subprocess.run([sys.executable, "-m", "tests.forked_cli"], input="\n".join(lines),
+                            env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    return {a["id"]: Outcome(a["code"], a["stderr"]) for a in answers}
 
 
 def assert_one_line_error(case: Case, outcome: Outcome, fill: dict[str, str]) -> None:
@@ -222,12 +246,11 @@ def fill(scratch: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(scratch: Path, fill: dict[str, str]) -> Iterator[dict[str, Outcome]]:
-    """Every case at once, three interpreters at a time."""
-    env = base_env(scratch, int(fill["port"]))
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {case.id: pool.submit(run_case, case, env, fill, scratch) for case in CASES}
-        yield {name: future.result() for name, future in futures.items()}
+def outcomes(scratch: Path, fill: dict[str, str]) -> dict[str, Outcome]:
+    """Every case, forked from one interpreter."""
+    found = run_forked(CASES, base_env(scratch, int(fill["port"])), fill, scratch)
+    assert set(found) == {case.id for case in CASES}
+    return found
 
 
 def test_the_table_covers_enough_cases() -> None:
@@ -236,6 +259,20 @@ def test_the_table_covers_enough_cases() -> None:
     commands = {case.args[0] for case in CASES}
     assert commands >= {"produce", "consume", "sink", "status", "spot-check", "runs", "dev",
                         "demo", "sim-sglang", "dataset", "export", "deploy"}
+
+
+# One case of each kind: a flag, a variable, a dependency down, a missing tool.
+FAITHFUL = ("produce-max-tokens-zero", "log-format", "consume-kafka-down", "dev-up-without-java")
+
+
+def test_a_forked_case_ends_as_it_does_in_a_fresh_interpreter(
+        scratch: Path, fill: dict[str, str], outcomes: dict[str, Outcome]) -> None:
+    """The fork is faithful: the same exit code and the same stderr, byte
+    for byte, as `python -m tokenmill.cli` in a subprocess of its own."""
+    env = base_env(scratch, int(fill["port"]))
+    for case in (c for c in CASES if c.id in FAITHFUL):
+        fresh = run_case(case, env, fill, scratch)
+        assert outcomes[case.id] == fresh, (case.id, outcomes[case.id], fresh)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
