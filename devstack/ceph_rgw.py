@@ -23,8 +23,6 @@ pools 2 s, gateway 1 s); the packages (62 MB) install in about 20 s.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
 import subprocess
 import time
@@ -34,7 +32,7 @@ from pathlib import Path
 
 import msgspec
 
-from devstack import prerequisites, processes, s3_server
+from devstack import debian_packages, processes, s3_server
 from tokenmill.log import get_logger
 
 log = get_logger("devstack")
@@ -84,37 +82,22 @@ def missing_packages() -> list[str]:
     return [] if all(shutil.which(program) for program in PROGRAMS) else list(PACKAGES)
 
 
-def _cache_dir() -> Path:
-    return Path(prerequisites.kafka_cache_dir()).parent
-
-
 def ensure_installed(on_progress: Callable[[str], None] | None = None) -> None:
     """apt-get install Ceph's packages when a program is missing (as root on
     Debian; elsewhere one line says what to install)."""
     if not missing_packages():
         return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not debian_packages.can_install():
         raise CephSetupError(
             f"the real S3 server needs Ceph's packages: apt-get install --no-install-recommends "
             f"{' '.join(PACKAGES)} (tokenmill installs them itself only as root on Debian)")
-    _cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(_cache_dir() / ".ceph-install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be installing
-        if not missing_packages():
-            return
-        if on_progress:
-            on_progress(f"installing {', '.join(PACKAGES)} from Debian (once)")
-        log.info("installing Ceph's packages from Debian (once)", packages=list(PACKAGES))
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                   "-o", "DPkg::Lock::Timeout=300", *PACKAGES]
-        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
-            result = subprocess.run(install, env=env, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise CephSetupError(
-                    f"apt-get install {' '.join(PACKAGES)} failed: "
-                    f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    if on_progress:
+        on_progress(f"installing {', '.join(PACKAGES)} from Debian (once)")
+    log.info("installing Ceph's packages from Debian (once)", packages=list(PACKAGES))
+    try:
+        debian_packages.install(PACKAGES)
+    except debian_packages.InstallError as exc:
+        raise CephSetupError(str(exc)) from None
 
 
 def config_text(home: Path, host: str, mon_port: int, fsid: str) -> str:

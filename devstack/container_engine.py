@@ -15,12 +15,11 @@ import http.client
 import os
 import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack import prerequisites, processes
+from devstack import debian_packages, prerequisites, processes
 from tokenmill.log import get_logger
 
 log = get_logger("devstack")
@@ -89,19 +88,15 @@ def ensure_packages() -> None:
     missing = missing_packages()
     if not missing:
         return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not debian_packages.can_install():
         raise EngineError(f"missing: {', '.join(missing)} (install them: apt-get install "
                           f"{' '.join(missing)}; tokenmill installs them itself only as root "
                           "on Debian)")
     log.info("installing the container engine from Debian", packages=missing)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
-        result = subprocess.run(install, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise EngineError(f"apt-get install {' '.join(missing)} failed: "
-                              f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    try:
+        debian_packages.install(missing)
+    except debian_packages.InstallError as exc:
+        raise EngineError(str(exc)) from None
 
 
 def ensure_config(path: Path = CONTAINERS_CONF, wanted: str = CONTAINERS_CONF_TEXT) -> bool:

@@ -29,7 +29,7 @@ from tests.consumer.pipeline import (
     sim_metrics,
     wait_until,
 )
-from tests.consumer.waste import Move, logged_moves, owned, waste
+from tests.consumer.waste import Move, logged_moves, owned, stamped_by, waste
 from tests.kafka_helpers import read_all
 from tokenmill.kafka import clients, topics
 
@@ -111,9 +111,10 @@ def test_kill_9_and_restart_repeatedly(settings, run_id, tmp_path) -> None:
                     pass
                 if not victim.running():
                     break
-                held = owned(victim, life)
-                killed_at = time.time()
                 victim.kill()
+                # the dead victim's log is whole; every request it sent is stamped
+                held = owned(victim, life)
+                killed_at = stamped_by(url)
                 kills += 1
                 kill_moves += [("victim", p, killed_at) for p in held]
                 life = victim.mark()

@@ -14,6 +14,8 @@ be a prompt in the window of a move of its partition."""
 from __future__ import annotations
 
 import json
+import time
+import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,16 @@ def owned(worker: ConsumerProcess, since: int = 0) -> set[int]:
                for e in worker.events(event, since) if "owned" in e]
     changes.sort(key=event_time)
     return set(changes[-1]["owned"]) if changes else set()
+
+
+def stamped_by(url: str) -> float:
+    """A time by which the simulator at `url` has stamped every request sent
+    to it before this call: one of its own requests, answered. It stamps a
+    request when its handler runs, which under load comes after the sender
+    sent it, even after the sender was killed; a kill's move is at this time."""
+    with urllib.request.urlopen(f"{url}/health", timeout=30) as answer:
+        answer.read()
+    return time.time()
 
 
 def logged_moves(workers: dict[str, ConsumerProcess], since: float) -> list[Move]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from devstack import debian_packages
 from tests.tools import require
 
 WIDTH = 1400
@@ -48,17 +48,13 @@ window.addEventListener('load', () => {
 
 def install_chromium() -> str | None:
     """apt-get install chromium; None when done, else what went wrong."""
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not debian_packages.can_install():
         return "`chromium` is not on PATH (apt-get install chromium; installed here only as " \
                "root on Debian)"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
-    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
-        result = subprocess.run(install, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            return "apt-get install chromium failed: " + (
-                result.stderr.strip().splitlines() or ["no output"])[-1]
+    try:
+        debian_packages.install(["chromium"])
+    except debian_packages.InstallError as exc:
+        return str(exc)
     return None if shutil.which("chromium") else "apt-get installed no `chromium`"
 
 
