@@ -62,10 +62,12 @@ def _settled(count: Callable[[], int], quiet_s: float, timeout_s: float) -> int:
 def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
         settings, run_id, tmp_path, failing) -> None:
     spec = create_run(settings, run_id, partitions=2)
-    # 100 answered before the failures, the rest (4/5) after the recovery
+    # the first 150 requests answered before the failures; the rest wait in the
+    # gate until the server fails, so the failures come mid-run by construction
     prompts = make_prompts(run_id, 500)
     publish(settings, spec, prompts)
     with running_simulator(PACED) as upstream, Gate(upstream) as gate:
+        before = gate.hold(after=150)
         worker = ConsumerProcess(settings, run_id, gate.url(), "b0", tmp_path,
                                  "--concurrency", "16", "--until-done", "--breaker-cooldown", "1",
                                  "--max-attempts", "2", "--retry-base", "0.05").start()
@@ -73,6 +75,7 @@ def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
             wait_until(lambda: consumer_progress(settings, run_id).generated > 100, 60,
                        "healthy progress")
             gate.fail(*FAILURES[failing])  # the server starts failing every request
+            before.release()  # those held go on (and are answered); the next ones fail
             opened = ("circuit breaker open: the server fails every request the same way; "
                       "holding prompts (their offsets stay uncommitted) and probing again")
             wait_until(lambda: worker.events(opened), 60, "the breaker opening")
