@@ -21,6 +21,8 @@ from pathlib import Path
 from devstack import prerequisites
 
 LOCK_TIMEOUT_S = 600.0
+# one apt-get, its wait for dpkg's lock included (downloads: ~100 MB at most)
+RUN_TIMEOUT_S = LOCK_TIMEOUT_S + 900.0
 POLL_S = 0.5
 
 
@@ -63,11 +65,17 @@ def install(packages: Sequence[str], timeout_s: float = LOCK_TIMEOUT_S) -> None:
                     raise InstallError(f"apt-get install {' '.join(packages)}: another "
                                        f"install held {lock_path} for {timeout_s:.0f} s") from None
                 time.sleep(POLL_S)  # the poll of this wait for the lock
-        if subprocess.run(command, env=env, capture_output=True).returncode == 0:
-            return
-        subprocess.run(["apt-get", "update", "-q", *wait], env=env, capture_output=True,
-                       check=False)
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        try:
+            if subprocess.run(command, env=env, capture_output=True,
+                              timeout=RUN_TIMEOUT_S).returncode == 0:
+                return
+            subprocess.run(["apt-get", "update", "-q", *wait], env=env, capture_output=True,
+                           check=False, timeout=RUN_TIMEOUT_S)
+            result = subprocess.run(command, env=env, capture_output=True, text=True,
+                                    timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise InstallError(f"apt-get install {' '.join(packages)}: {exc.cmd[1]} did not "
+                               f"end within {RUN_TIMEOUT_S:.0f} s") from None
         if result.returncode != 0:
             raise InstallError(f"apt-get install {' '.join(packages)} failed: "
                                f"{_last_line(result.stderr)}")
