@@ -132,6 +132,20 @@ def _start_shared_services() -> None:
                          "the first test that needs them starts them again\n")
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A failed session keeps its shared services' logs (the brokers' and
+    the others' `logs` directories): the stack directory goes at the end,
+    and a test that failed against a sick broker is read from its log."""
+    made = session.config.stash.get(_made_stack_dir, None)
+    if made is None or exitstatus in (0, 5) or not made.is_dir():
+        return
+    kept = Path(tempfile.mkdtemp(prefix="tokenmill-test-stack-logs-"))
+    for logs in sorted(made.glob("**/logs")):
+        if logs.is_dir():
+            shutil.copytree(logs, kept / logs.relative_to(made), dirs_exist_ok=True)
+    sys.stderr.write(f"the session's shared services' logs are kept in {kept}\n")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     made = config.stash.get(_made_stack_dir, None)
     if made is None:
