@@ -126,6 +126,7 @@ class NodePlan:
     home: Path
     heap: str = "1g"
     quick_jvm: bool = False
+    quick_restart: bool = True  # DEV_LIVENESS: a killed node re-registers sooner
 
     @property
     def config_path(self) -> Path:
@@ -192,6 +193,13 @@ def cluster_id(state_dir: Path) -> str:
 # session: Kafka's 9 s default (broker.session.timeout.ms) was most of a
 # single node's restart here. Dev stacks expire it after 3 s; the shipped
 # deploy/kafka/server.properties keeps Kafka's defaults for production.
+# Not for a broker nobody restarts that serves a loaded machine for long
+# (the test session's shared brokers): its own controller fenced it after 3 s
+# without a heartbeat ("processExpiredBrokerHeartbeat: controller event queue
+# overloaded. Timed out heartbeat from broker 1", a CI run beside a busy
+# core), and every partition lost its leader for a moment; the clients of
+# the tests running then stalled (a revoke held five minutes, a partition
+# never fetched, "No leaders found").
 DEV_LIVENESS = """
 # dev stack only (devstack/kafka_broker.py): a killed node re-registers sooner
 broker.session.timeout.ms=3000
@@ -211,7 +219,8 @@ def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str, *,
     for plan in plans:
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
         properties = kraft.server_properties(
-            nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster) + DEV_LIVENESS
+            nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster) + (
+            DEV_LIVENESS if plan.quick_restart else "")
         plan.config_path.write_text(configure(plan, properties) if configure else properties)
         if configure is not None:
             plan.config_path.chmod(0o600)  # it holds the broker's password

@@ -103,6 +103,9 @@ class StackPlan:
     # Brokers that live minutes (a test's private stack, the demo): a JVM that
     # starts on less CPU (devstack/kafka_broker.py QUICK_JVM says when not).
     quick_jvm: bool = False
+    # A killed node re-registers after 3 s (kafka_broker.DEV_LIVENESS says
+    # when not): off for brokers nobody kills that serve a loaded machine.
+    quick_restart: bool = True
     nodes: tuple[kraft.Node, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +145,7 @@ class StackPlan:
         single = self.brokers == 1
         return [kafka_broker.NodePlan(
                     node=node, heap=self.kafka_heap, quick_jvm=self.quick_jvm,
+                    quick_restart=self.quick_restart,
                     home=self.state_dir / ("kafka" if single else f"kafka-{node.node_id}"))
                 for node in self.nodes]
 

@@ -284,8 +284,11 @@ def _shared_stack() -> StackState:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = stack.read_state(shared / "stack")
         if state is None or not all(stack.running(state).values()):
+            # never killed, and busy under the whole suite: Kafka's own
+            # broker session (devstack/kafka_broker.py DEV_LIVENESS)
             state, _ = stack.up(stack.StackPlan.on_free_ports(shared / "stack",
-                                                              kafka_heap="768m"))
+                                                              kafka_heap="768m",
+                                                              quick_restart=False))
     return state
 
 

@@ -94,7 +94,7 @@ def _shared_secure_stack() -> SecureServices:
         if state is None or not all(stack.running(state).values()):
             began = time.monotonic()
             state, _ = stack.up(stack.StackPlan.on_free_ports(directory, kafka_heap="768m",
-                                                              secure=True))
+                                                              secure=True, quick_restart=False))
             started_in = time.monotonic() - began
             (shared / "secure-start-seconds").write_text(f"{started_in:.1f}\n")
     return SecureServices(state, started_in)
