@@ -72,10 +72,6 @@ def _child(request: Request, stderr_path: str) -> None:
         os._exit(code)
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 def serve(requests: Iterable[Request], scratch: str) -> Iterator[dict[str, Any]]:
     """Fork a child per request, PARALLEL at a time; yield each one's outcome."""
     pending = list(requests)
@@ -96,7 +92,7 @@ def serve(requests: Iterable[Request], scratch: str) -> Iterator[dict[str, Any]]
         with open(stderr_path, encoding="utf-8", errors="replace") as fh:
             stderr = fh.read()
         os.unlink(stderr_path)
-        yield {"id": request.id, "code": _exit_code(status), "stderr": stderr}
+        yield {"id": request.id, "code": os.waitstatus_to_exitcode(status), "stderr": stderr}
 
 
 def main() -> None:
