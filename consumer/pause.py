@@ -2,18 +2,23 @@
 every slot and to every newly assigned partition).
 
 Fetching pauses while the server is down, while stopping, and when the
-local buffer has stayed full for a while (a slow GPU): paused partitions let
-the worker keep polling, and so keep its group membership, without fetching
-more. A short burst of a full buffer does not pause (resuming costs a fetch
-round trip and would starve a fast server); once paused, fetching resumes
-when the buffer is down to half the limit.
+local buffer has stayed full for a while (a slow GPU, or every request
+waiting): paused partitions let the worker keep polling, and so keep its
+group membership, without fetching more. A worker whose buffer is full and
+not paused does not poll at all, so it answers its group's rebalance
+callbacks only once a request finishes or the pause comes: the pause's
+delay bounds how long a newcomer waits for the partitions this worker gives
+it (10 s before: the stranding tests showed each such move late by 10 s).
+A short burst of a full buffer does not pause (resuming costs a fetch
+round trip); once paused, fetching resumes when the buffer is down to half
+the limit, so the requests never wait for the fetch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PAUSE_AFTER_FULL_S = 10.0
+PAUSE_AFTER_FULL_S = 2.0
 
 
 @dataclass

@@ -454,6 +454,11 @@ class Run:
     def unfinished(self) -> bool:
         raise NotImplementedError
 
+    def ready_to_leave(self, newcomer: ServiceProcess) -> bool:
+        """Whether the newcomer, stopped now, leaves as a member of a group
+        (its role's event for "I have seen the others")."""
+        return True
+
     def after_kill(self, holds: dict[str, Hold]) -> None:
         """The early holds once the victim died or before it stops: released
         (the restart and the newcomer's leaving need the work to go on)."""
@@ -470,6 +475,10 @@ class Run:
         """The victim running with `phase`'s faults (restarted if not)."""
         wanted = self.victim_faults(phase)
         if self.victim.running() and wanted == self.victim_args:
+            # as the phase before left the group (or, had it failed, as it
+            # is once that phase's leftovers are gone: each phase starts
+            # from the same place)
+            self.group.wait_shared(self.pair())
             return
         self.after_kill(self.early)  # e.g. a sink's revoke waits for its held upload
         self.victim.stop()
@@ -513,7 +522,8 @@ class Run:
             # assigned to it waits for offsets its closing consumer cannot
             # read (45 s; a product issue of its own, not this test's).
             self.group.wait(lambda ms: balanced(self.group.partitions)(ms)
-                            and caught_up(stage.newcomer, stage.new, ms), 60,
+                            and caught_up(stage.newcomer, stage.new, ms)
+                            and self.ready_to_leave(stage.newcomer), 60,
                             "the assignor done, and the newcomer with it")
         except AssertionError as exc:
             raise AssertionError(f"{phase}: {exc}\n"

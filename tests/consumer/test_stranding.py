@@ -40,6 +40,7 @@ from tests.rebalance import (
     module_settings,
     plays,
 )
+from tests.service_process import ServiceProcess
 from tokenmill.kafka import topics
 from tokenmill.settings import Settings
 
@@ -123,6 +124,12 @@ class Workers(Run):
     def after_kill(self, holds: dict[str, Hold]) -> None:
         for hold in holds.values():
             hold.again()
+
+    def ready_to_leave(self, newcomer: ServiceProcess) -> bool:
+        """It saw the others (its fleet watch's first look, every 3 s): a
+        worker that has not drains its requests on SIGTERM as if alone, and
+        the newcomer's are held here (ci25: SIGKILLed after 30 s)."""
+        return bool(newcomer.events("fleet: other workers in the group"))
 
     def finish(self) -> None:
         """The last prompts answered: every prompt committed once."""
