@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumer.fleet import slot_name
+from tokenmill import crashpoints
 from tokenmill.kafka import clients, groups, start_offsets
 from tokenmill.kafka.transactions import GroupOffsets, KafkaFatal
 from tokenmill.log import get_logger
@@ -41,6 +42,7 @@ class Slot:
     name: str
     consumer: Consumer
     partitions: set[int] = field(default_factory=set)
+    closing: bool = False  # inside close(): what it is given now leaves with it
 
     def group_offsets(self, offsets: Mapping[tuple[str, int], int]) -> GroupOffsets:
         """Next offsets by (topic, partition), sent with this member's metadata."""
@@ -99,6 +101,7 @@ class Membership:
         self._numbers = 0
         self.paused = False
         self._rotation = 0
+        self._closed = 0  # slots closed, for the crash point
 
     # -- slots -----------------------------------------------------------------
 
@@ -123,6 +126,9 @@ class Membership:
         slot = self.slots.get(name)
         if slot is None:
             return
+        slot.closing = True
+        self._closed += 1
+        crashpoints.reached("group.closing", self._closed)
         try:
             self._guarded(f"closing consumer {name}", slot.consumer.close)
         except (KafkaException, RuntimeError) as exc:
@@ -209,6 +215,15 @@ class Membership:
     # -- callbacks (inside consume()/close(), on the loop thread) ---------------
 
     def _assigned(self, slot: Slot, partitions: list[TopicPartition]) -> None:
+        if slot.closing:
+            # Moved here before the leave landed: nothing will be read from
+            # them, and a closing consumer cannot read committed offsets (it
+            # waited COMMITTED_WAIT_S for them, then failed). Assigned as
+            # they are, untracked, they leave with it and commit nothing.
+            slot.consumer.incremental_assign(partitions)
+            log.info("partitions given while closing: left unread", slot=slot.name,
+                     partitions=sorted(tp.partition for tp in partitions))
+            return
         slot.partitions |= {tp.partition for tp in partitions}
         self._on_assign(slot, partitions)  # may set start offsets on `partitions`
         slot.consumer.incremental_assign(partitions)

@@ -47,6 +47,7 @@ from sink.probes import Probes
 from sink.round import Rounds
 from sink.s3_attempts import S3Errors
 from sink.s3_writer import S3Writer, make_client
+from tokenmill import crashpoints
 from tokenmill import progress as run_progress
 from tokenmill.kafka import clients, groups, start_offsets, topics, transactions
 from tokenmill.kafka.fetch_stall import Silence
@@ -100,6 +101,7 @@ class SinkService:
         self.dlq_topic = topics.dlq_topic(spec.run_id)
         self._s3_client = s3_client
         self._stopping = False
+        self._closing = False  # inside close(): see _on_assign
         self._consumer: Any = None
         self._liveness: Liveness | None = None
         self._unstarted = SinkProgress(run=spec.run_id, instance=config.instance)
@@ -234,6 +236,8 @@ class SinkService:
                 # A round still here is abandoned, not committed by the revoke
                 # that close() runs: the next owner replays it.
                 self._rounds.abandon()
+            self._closing = True
+            crashpoints.reached("group.closing", 1)
             with self.watchdog.guard("closing the consumer", 60):
                 self._consumer.close()
             if not failed:
@@ -259,6 +263,15 @@ class SinkService:
     # Rebalance callbacks: they run inside consume(), on this thread.
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        if self._closing:
+            # Moved here before the leave landed: nothing will be read from
+            # them, and a closing consumer cannot read committed offsets (a
+            # stopping sink waited COMMITTED_WAIT_S, then failed). Assigned
+            # as they are, unowned, they leave with it.
+            consumer.incremental_assign(partitions)
+            log.info("partitions given while closing: left unread",
+                     partitions=sorted(tp.partition for tp in partitions))
+            return
         # Read from the committed offsets, once no transaction holds them
         # undecided (tokenmill/kafka/start_offsets.py), assigned explicitly.
         with self.watchdog.guard("reading committed offsets", COMMITTED_GUARD_S):

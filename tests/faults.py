@@ -24,6 +24,10 @@ Narrowing the moment (each optional):
                       uncommitted for the transaction inside CALLBACK to carry
     --report-at POINT log `fault injection: reached` at POINT (no kill;
                       may be given more than once)
+    --hold-at POINT --hold-until PATH
+                      at POINT (armed), log `fault injection: holding` and
+                      wait there until PATH exists (at most 120 s): e.g. a
+                      member about to close while the group moves partitions
 
 Or, instead of a kill, the consumer stops fetching as librdkafka was seen
 to after a broker restart (tokenmill/kafka/fetch_stall.py):
@@ -42,6 +46,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +57,7 @@ from tokenmill import crashpoints
 from tokenmill.kafka import clients
 
 KILLED_EXIT_CODE = 137
+HOLD_S = 120.0
 CALLBACKS = ("assign", "revoke", "lost")
 
 
@@ -111,7 +117,8 @@ class KillAt(crashpoints.Observer):
     def __init__(self, point: str | None, count: int, *, armed_by: Path | None = None,
                  inside: str | None = None, refuse_outside: bool = False,
                  report_at: tuple[str, ...] = (),
-                 stop_fetching_at: tuple[str, int] | None = None) -> None:
+                 stop_fetching_at: tuple[str, int] | None = None,
+                 hold_at: str | None = None, hold_until: Path | None = None) -> None:
         self.point = point
         self.count = count
         self.armed_by = armed_by
@@ -119,6 +126,8 @@ class KillAt(crashpoints.Observer):
         self.refuse_outside = refuse_outside
         self.report_at = report_at
         self.stop_fetching_at = stop_fetching_at
+        self.hold_at = hold_at
+        self.hold_until = hold_until
         self.seen = 0  # times `point` was reached armed and inside CALLBACK
 
     def armed(self) -> bool:
@@ -131,6 +140,8 @@ class KillAt(crashpoints.Observer):
             _stop_fetching(point, count)
         if not self.armed():
             return
+        if point == self.hold_at and self.hold_until is not None:
+            _hold(point, count, self.hold_until)
         inside = self.inside is None or self.inside in _in_callback.active
         if self.refuse_outside and point == "transaction.begin" and not inside:
             _event("fault injection: refused", point=point, count=count)
@@ -147,6 +158,17 @@ class KillAt(crashpoints.Observer):
             flush()
         _event("fault injection: killed", point=point, count=count, inside=self.inside)
         os._exit(KILLED_EXIT_CODE)
+
+
+def _hold(point: str, count: int, until: Path) -> None:
+    _event("fault injection: holding", point=point, count=count)
+    deadline = time.monotonic() + HOLD_S
+    while not until.exists():
+        if time.monotonic() > deadline:
+            _event("fault injection: never released", point=point, count=count)
+            os._exit(KILLED_EXIT_CODE)
+        time.sleep(0.05)  # the poll of this wait loop
+    _event("fault injection: released", point=point, count=count)
 
 
 def _stop_fetching(point: str, count: int) -> None:
@@ -198,11 +220,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--refuse-outside", action="store_true")
     parser.add_argument("--report-at", action="append", default=[])
     parser.add_argument("--stop-fetching-at", type=_point)
+    parser.add_argument("--hold-at")
+    parser.add_argument("--hold-until", type=Path)
     options = parser.parse_args(argv[:split])
     crashpoints.install(parse(options.kill_at, armed_by=options.armed_by, inside=options.inside,
                               refuse_outside=options.refuse_outside,
                               report_at=tuple(options.report_at),
-                              stop_fetching_at=options.stop_fetching_at))
+                              stop_fetching_at=options.stop_fetching_at,
+                              hold_at=options.hold_at, hold_until=options.hold_until))
     clients.Consumer = ObservedConsumer  # type: ignore[misc]
     from tokenmill.cli import main as tokenmill
 

@@ -518,9 +518,8 @@ class Run:
             stage.hit["healing"] = healing
             times.append(("healed", time.monotonic()))
             # The newcomer leaves once the assignor is done and it took what
-            # it was given: a worker closing while a partition is being
-            # assigned to it waits for offsets its closing consumer cannot
-            # read (45 s; a product issue of its own, not this test's).
+            # it was given: each phase ends the same way, with a clean leave
+            # of a member that owns its share.
             self.group.wait(lambda ms: balanced(self.group.partitions)(ms)
                             and caught_up(stage.newcomer, stage.new, ms)
                             and self.ready_to_leave(stage.newcomer), 60,

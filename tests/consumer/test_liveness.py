@@ -187,3 +187,44 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
     assert late >= 1 and served - len(records) >= late, (served, len(records), late)
     if not any(e.get("cause") for e in refused):  # lost, then: counted as wasted
         assert zombie.events("stopped", mark)[-1]["wasted"].get("lost", 0) > 0
+
+
+def _owned(worker: ConsumerProcess) -> set[int]:
+    changes = [e for e in worker.events() if e.get("event") in (
+        "partitions assigned", "partitions revoked", "partitions lost")]
+    return set(changes[-1]["owned"]) if changes else set()
+
+
+def test_a_worker_given_partitions_as_it_closes_leaves_without_waiting(settings, run_id,
+                                                                       tmp_path) -> None:
+    """b stops and is held just before its slot's consumer closes (crash
+    point group.closing) while a leaves: the group moves a's partition to
+    b, which is handed it inside close(). It will read nothing from it, so
+    it leaves at once, instead of waiting for committed offsets its closing
+    consumer cannot read (45 s, then an error; the sinks' twin is in
+    tests/sink/test_rebalance.py)."""
+    create_run(settings, run_id, partitions=2)
+    release = tmp_path / "release"
+    args = ("--no-fleet-balancing", "--concurrency", "2")
+    group = Group(settings, topics.generate_group(run_id), topics.prompts_topic(run_id), 2)
+    with running_simulator(PACED) as url:
+        a = ConsumerProcess(settings, run_id, url, "a", tmp_path, *args).start()
+        b = ConsumerProcess(settings, run_id, url, "b", tmp_path, *args, faults=(
+            "--hold-at", "group.closing", "--hold-until", str(release))).start()
+        try:
+            wait_until(lambda: _owned(a) and _owned(b), 60, "each owning one")
+            moved = _owned(a)
+            b.terminate()
+            wait_until(lambda: b.events("fault injection: holding"), 60,
+                       "b held before its consumer closes")
+            a.terminate()
+            assert a.wait(60) == 0, a.log()[-3000:]
+            group.wait(lambda ms: [m.target for m in ms] == [frozenset({0, 1})], 30,
+                       "a's partition moved to b, in the group's eyes")
+            release.touch()
+            assert b.wait(30) == 0, b.log()[-3000:]
+        finally:
+            a.stop()
+            b.stop()
+    given = b.events("partitions given while closing: left unread")
+    assert given and set(given[0]["partitions"]) == moved, b.log()[-3000:]

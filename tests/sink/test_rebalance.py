@@ -13,7 +13,7 @@ import pytest
 
 from sink.service import SinkService
 from tests.gate import Gate
-from tests.rebalance import STALE_MEMBER
+from tests.rebalance import STALE_MEMBER, Group
 from tests.service_process import log_events
 from tests.sink.sink_helpers import (
     ServiceThread,
@@ -31,6 +31,7 @@ from tests.sink.sink_helpers import (
     wait,
     wait_for,
 )
+from tokenmill.kafka import topics
 from tokenmill.progress import read_run_progress
 
 pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(150)]
@@ -246,3 +247,40 @@ def test_a_second_process_with_the_same_instance_fences_the_first(settings, run_
     publish_done(settings, run_id, len(records))
     assert wait(new, 90, logs["new"]) == 0, logs["new"].read_text()[-3000:]
     assert_exactly_once(settings, run_id, {r.id for r in records})
+
+
+def test_a_sink_given_partitions_as_it_closes_leaves_without_waiting(settings, run_id,
+                                                                     tmp_path) -> None:
+    """b stops and is held just before its consumer closes (crash point
+    group.closing) while a leaves: the group moves a's partition to b, which
+    is handed it inside close(). It will read nothing from it, so it leaves
+    at once, instead of waiting for committed offsets its closing consumer
+    cannot read (it waited 45 s, then failed: seen in this file's frozen
+    test, b stopping as a's partitions came back to it)."""
+    spec = make_spec(run_id, partitions=2)
+    create_run(settings, spec)
+    release = tmp_path / "release"
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+    a = start_sink(settings, run_id, *ARGS, "--instance", "a", log_path=logs["a"])
+    b = start_sink(settings, run_id, *ARGS, "--instance", "b", log_path=logs["b"],
+                   faults=("--hold-at", "group.closing", "--hold-until", str(release)))
+    group = Group(settings, topics.sink_group(run_id), topics.completions_topic(run_id), 2)
+    try:
+        wait_for(lambda: _owned(logs["a"]) and _owned(logs["b"]), 60, "each owning one")
+        moved = _owned(logs["a"])
+        b.send_signal(signal.SIGTERM)
+        wait_for(lambda: "fault injection: holding" in logs["b"].read_text(), 60,
+                 "b held before its consumer closes")
+        a.send_signal(signal.SIGTERM)
+        assert wait(a, 60, logs["a"]) == 0, logs["a"].read_text()[-3000:]
+        group.wait(lambda ms: [m.target for m in ms] == [frozenset({0, 1})], 30,
+                   "a's partition moved to b, in the group's eyes")
+        release.touch()
+        assert wait(b, 30, logs["b"]) == 0, logs["b"].read_text()[-3000:]
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.kill()
+    given = [e for e in _log_events(logs["b"])
+             if e.get("event") == "partitions given while closing: left unread"]
+    assert given and set(given[0]["partitions"]) == moved, logs["b"].read_text()[-3000:]
