@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -33,9 +32,12 @@ pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(1200
 RUN = "compose1"
 DONE_TIMEOUT_S = 600.0
 
-# Prints {"published": [...], "s3": [...], "dlq": [...]} of run RUN.
+# Prints {"published": [...], "s3": [...], "dlq": [...]} of run RUN once
+# every published prompt is in S3 or the DLQ, or when the deadline (seconds,
+# its second argument) passes: one container that looks every second, not a
+# container started for each look.
 CHECK = """
-import json, sys, boto3, zstandard
+import json, sys, time, boto3, zstandard
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 def read(topic):
@@ -60,22 +62,30 @@ def read(topic):
     consumer.close()
     return records
 
-run = sys.argv[1]
-s3 = boto3.client("s3", endpoint_url="http://s3:9000", region_name="us-east-1")
-in_s3 = []
-if any(b["Name"] == "tokenmill" for b in s3.list_buckets()["Buckets"]):
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket="tokenmill"):
-        for item in page.get("Contents", []):
-            if "/partition=" not in item["Key"]:
-                continue  # the sink's start-up store check's scratch keys, for one
-            body = s3.get_object(Bucket="tokenmill", Key=item["Key"])["Body"].read()
-            if item["Key"].endswith(".zst"):
-                body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
-            in_s3 += [json.loads(line)["id"] for line in body.splitlines() if line.strip()]
-print(json.dumps({
-    "published": [m.key().decode() for m in read(f"tokenmill.{run}.prompts")],
-    "dlq": [json.loads(m.value())["id"] for m in read(f"tokenmill.{run}.dlq")],
-    "s3": in_s3}))
+def s3_ids():
+    s3 = boto3.client("s3", endpoint_url="http://s3:9000", region_name="us-east-1")
+    ids = []
+    if any(b["Name"] == "tokenmill" for b in s3.list_buckets()["Buckets"]):
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket="tokenmill"):
+            for item in page.get("Contents", []):
+                if "/partition=" not in item["Key"]:
+                    continue  # the sink's start-up store check's scratch keys, for one
+                body = s3.get_object(Bucket="tokenmill", Key=item["Key"])["Body"].read()
+                if item["Key"].endswith(".zst"):
+                    body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+                ids += [json.loads(line)["id"] for line in body.splitlines() if line.strip()]
+    return ids
+
+run, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+while True:
+    seen = {"published": [m.key().decode() for m in read(f"tokenmill.{run}.prompts")],
+            "dlq": [json.loads(m.value())["id"] for m in read(f"tokenmill.{run}.dlq")],
+            "s3": s3_ids()}
+    done = seen["published"] and set(seen["s3"]) | set(seen["dlq"]) >= set(seen["published"])
+    if done or time.monotonic() > deadline:
+        break
+    time.sleep(1)  # the poll of this wait loop
+print(json.dumps(seen))
 """
 
 
@@ -104,8 +114,8 @@ class ComposeProject:
             for name in self.containers())
 
 
-    def one_off(self, image: str, *args: str, options: tuple[str, ...] = ()) \
-            -> subprocess.CompletedProcess[str]:
+    def one_off(self, image: str, *args: str, options: tuple[str, ...] = (),
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """A container on the project's network, as `compose run` would start
         (podman-compose 1.0.3's `run` drops `-v` and always exits 0)."""
         return subprocess.run(
@@ -115,11 +125,13 @@ class ComposeProject:
              "-e", "TOKENMILL_S3_BUCKET=tokenmill",
              "-e", "AWS_ACCESS_KEY_ID=tokenmill", "-e", "AWS_SECRET_ACCESS_KEY=tokenmill-secret",
              "-e", "AWS_DEFAULT_REGION=us-east-1", *options, image, *args],
-            capture_output=True, text=True, timeout=300)
+            capture_output=True, text=True, timeout=timeout)
 
 
 def check(project: ComposeProject, image: str) -> dict[str, list[str]]:
-    result = project.one_off(image, "-c", CHECK, RUN, options=("--entrypoint", "python"))
+    """What run RUN holds once it is done (or DONE_TIMEOUT_S passed)."""
+    result = project.one_off(image, "-c", CHECK, RUN, str(DONE_TIMEOUT_S),
+                             options=("--entrypoint", "python"), timeout=DONE_TIMEOUT_S + 120)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
@@ -154,15 +166,11 @@ def test_compose_stack_processes_the_sample_set_exactly_once(tmp_path: Path) -> 
                                   options=("-v", f"{SAMPLE_DIR}:/data:ro"))
         assert produce.returncode == 0, produce.stdout[-3000:] + produce.stderr[-3000:]
 
-        deadline = time.monotonic() + DONE_TIMEOUT_S
         seen = check(project, built.tokenmill)
-        while not seen["published"] or \
-                len(set(seen["s3"]) | set(seen["dlq"])) < len(set(seen["published"])):
-            assert time.monotonic() < deadline, \
-                f"not done in {DONE_TIMEOUT_S:.0f}s: {len(seen['s3'])} in S3, " \
-                f"{len(seen['dlq'])} in the DLQ of {len(seen['published'])}\n{project.logs()}"
-            time.sleep(3)  # poll of a wait loop
-            seen = check(project, built.tokenmill)
+        assert seen["published"] and \
+            set(seen["s3"]) | set(seen["dlq"]) >= set(seen["published"]), \
+            f"not done in {DONE_TIMEOUT_S:.0f}s: {len(seen['s3'])} in S3, " \
+            f"{len(seen['dlq'])} in the DLQ of {len(seen['published'])}\n{project.logs()}"
     finally:
         down = project.run("down", timeout=300)
         subprocess.run(["podman", "network", "rm", "-f", f"{project.name}_default"],
