@@ -8,7 +8,11 @@ What was thrown away is counted from outside tokenmill, by the simulator
 and the completions topic (tests/consumer/waste.py). The workers run one
 slot each (no fleet balancing), so partitions move only where the test
 moves them; prompts are published once the group has formed, so what moved
-before that had nothing in flight.
+before that had nothing in flight. They are fed a few at a time, one a
+partition, staying a little ahead of the requests the simulator has seen,
+and the run's last prompt only once the scenario is done: every move is
+mid-run, with work on every partition (ci28: a join that came late on a
+loaded machine, after a timed stream had ended, moved nothing in flight).
 
 Each test checks that
 - every prompt has exactly one committed record;
@@ -35,11 +39,12 @@ from sglang_sim import running_simulator
 from tests.consumer.pipeline import (
     PACED,
     ConsumerProcess,
+    Publisher,
     check_exactly_once,
     consumer_progress,
     create_run,
     make_prompts,
-    publish,
+    sim_metrics,
     wait_until,
 )
 from tests.consumer.waste import MOVES, Move, logged_moves, owned, waste
@@ -49,11 +54,37 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 PARTITIONS = 6
 CONCURRENCY = 8
 PROMPTS = 1200
-# Streamed: 6 prompts (one a partition) every 0.1 s, about what two workers
-# generate: each fetch brings a few records of every partition, so a worker
-# has requests in flight on all its partitions, not on one at a time (a
-# backlog is fetched partition by partition).
-STREAM = {"chunk": PARTITIONS, "pace_s": 0.1}
+# Fed one prompt a partition at a time, at most AHEAD past the requests the
+# simulator has seen: each fetch brings a few records of every partition, so
+# a worker has requests in flight on all its partitions, not on one at a
+# time (a backlog is fetched partition by partition). AHEAD covers what
+# three workers hold (8 in flight and 8 queued each) and a little more.
+AHEAD = 60
+
+
+class Feed(threading.Thread):
+    """Publishes the run's prompts as the workers take them, short of the
+    last until `release()`, then the rest."""
+
+    def __init__(self, publisher: Publisher, url: str) -> None:
+        super().__init__(daemon=True)
+        self.publisher, self.url = publisher, url
+        self.released = threading.Event()
+
+    def run(self) -> None:
+        publisher, last = self.publisher, len(self.publisher.prompts) - 1
+        while not self.released.is_set():
+            seen = int(sim_metrics(self.url).get("sglang:num_requests_total", 0))
+            if publisher.out < min(seen + AHEAD, last):
+                publisher.to(min(publisher.out + PARTITIONS, last), chunk=PARTITIONS)
+            else:
+                self.released.wait(0.05)  # the poll of this wait loop
+        publisher.to(len(publisher.prompts), chunk=PARTITIONS)
+
+    def release(self) -> None:
+        self.released.set()
+        self.join(120)
+        assert not self.is_alive(), "the feed did not finish publishing"
 
 
 class Fleet:
@@ -97,12 +128,11 @@ class Fleet:
 
 
 def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ignore[no-untyped-def]
-         scenario, *, stream: bool = False) -> tuple[list[Move], list[set[str]]]:
-    """Starts `workers`, publishes once their group has formed (`stream`: a
-    few prompts at a time, about as fast as they are generated), runs
-    `scenario(fleet)` mid-run, waits for the run to end and checks the
-    waste against the in-flight windows of the partitions that moved.
-    Returns the moves and their windows."""
+         scenario) -> tuple[list[Move], list[set[str]]]:
+    """Starts `workers`, feeds them once their group has formed, runs
+    `scenario(fleet)` mid-run, lets the run end and checks the waste
+    against the in-flight windows of the partitions that moved. Returns
+    the moves and their windows."""
     spec = create_run(settings, run_id, partitions=PARTITIONS)
     prompts = make_prompts(run_id, PROMPTS)
     request_log = tmp_path / "requests.jsonl"
@@ -113,13 +143,12 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
                 fleet.start(name)
             wait_until(fleet.formed, 120, "the workers sharing every partition")
             published_at = time.time()
-            publisher = threading.Thread(target=publish, args=(settings, spec, prompts),
-                                         kwargs=STREAM if stream else {}, daemon=True)
-            publisher.start()
+            feed = Feed(Publisher(settings, spec, prompts), url)
+            feed.start()
             wait_until(lambda: consumer_progress(settings, run_id).generated >= PROMPTS // 4,
                        120, "a quarter of the run generated")
             scenario(fleet)
-            publisher.join(120)
+            feed.release()
             fleet.finish()
         finally:
             fleet.stop()
@@ -141,7 +170,7 @@ def test_waste_after_a_join_is_bounded_by_the_moved_partitions_window(settings, 
         fleet.start("late")
         wait_until(lambda: fleet.owned("late"), 60, "partitions for the late worker")
 
-    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1"], join, stream=True)
+    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1"], join)
     given = [w for (name, _, _), w in zip(moves, windows) if name in ("w0", "w1")]
     assert given, f"the join moved nothing: {moves}"
     # the partitions moved with work in flight (mid-run): the bound bounds something
