@@ -216,13 +216,7 @@ class Membership:
 
     def _assigned(self, slot: Slot, partitions: list[TopicPartition]) -> None:
         if slot.closing:
-            # Moved here before the leave landed: nothing will be read from
-            # them, and a closing consumer cannot read committed offsets (it
-            # waited COMMITTED_WAIT_S for them, then failed). Assigned as
-            # they are, untracked, they leave with it and commit nothing.
-            slot.consumer.incremental_assign(partitions)
-            log.info("partitions given while closing: left unread", slot=slot.name,
-                     partitions=sorted(tp.partition for tp in partitions))
+            start_offsets.assign_unread(slot.consumer, partitions, who=slot.name)
             return
         slot.partitions |= {tp.partition for tp in partitions}
         self._on_assign(slot, partitions)  # may set start offsets on `partitions`

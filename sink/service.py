@@ -264,13 +264,7 @@ class SinkService:
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         if self._closing:
-            # Moved here before the leave landed: nothing will be read from
-            # them, and a closing consumer cannot read committed offsets (a
-            # stopping sink waited COMMITTED_WAIT_S, then failed). Assigned
-            # as they are, unowned, they leave with it.
-            consumer.incremental_assign(partitions)
-            log.info("partitions given while closing: left unread",
-                     partitions=sorted(tp.partition for tp in partitions))
+            start_offsets.assign_unread(consumer, partitions, who=f"sink {self.config.instance}")
             return
         # Read from the committed offsets, once no transaction holds them
         # undecided (tokenmill/kafka/start_offsets.py), assigned explicitly.

@@ -66,3 +66,14 @@ def place(partitions: Sequence[TopicPartition], start: Start) -> None:
             continue
         offset = start.get((tp.topic, tp.partition))
         tp.offset = offset if offset is not None else OFFSET_BEGINNING
+
+
+def assign_unread(consumer: Consumer, partitions: Sequence[TopicPartition], *, who: str) -> None:
+    """Partitions handed to a member inside its consumer's close() (moved to
+    it before its leave landed): nothing will be read from them, and a
+    closing consumer cannot read committed offsets (a stopping sink waited
+    COMMITTED_WAIT_S for them, then failed). Assigned as they are, and
+    tracked by nothing, they leave with it and commit nothing."""
+    consumer.incremental_assign(list(partitions))
+    log.info("partitions given while closing: left unread", who=who,
+             partitions=sorted(tp.partition for tp in partitions))
