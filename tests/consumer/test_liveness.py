@@ -23,6 +23,7 @@ from tests.consumer.pipeline import (
     sim_metrics,
     wait_until,
 )
+from tests.consumer.waste import owned
 from tests.gate import Gate
 from tests.kafka_helpers import read_all
 from tests.rebalance import STALE_MEMBER, Group
@@ -189,12 +190,6 @@ def test_a_zombie_worker_never_commits_after_its_partitions_moved(settings, run_
         assert zombie.events("stopped", mark)[-1]["wasted"].get("lost", 0) > 0
 
 
-def _owned(worker: ConsumerProcess) -> set[int]:
-    changes = [e for e in worker.events() if e.get("event") in (
-        "partitions assigned", "partitions revoked", "partitions lost")]
-    return set(changes[-1]["owned"]) if changes else set()
-
-
 def test_a_worker_given_partitions_as_it_closes_leaves_without_waiting(settings, run_id,
                                                                        tmp_path) -> None:
     """b stops and is held just before its slot's consumer closes (crash
@@ -212,8 +207,8 @@ def test_a_worker_given_partitions_as_it_closes_leaves_without_waiting(settings,
         b = ConsumerProcess(settings, run_id, url, "b", tmp_path, *args, faults=(
             "--hold-at", "group.closing", "--hold-until", str(release))).start()
         try:
-            wait_until(lambda: _owned(a) and _owned(b), 60, "each owning one")
-            moved = _owned(a)
+            wait_until(lambda: owned(a) and owned(b), 60, "each owning one")
+            moved = owned(a)
             b.terminate()
             wait_until(lambda: b.events("fault injection: holding"), 60,
                        "b held before its consumer closes")
