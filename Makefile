@@ -28,10 +28,11 @@ demo: prerequisites $(VENV)/.installed-local
 
 # Tests marked `alone` compare a prediction with a timed run: they run after
 # the rest, with nothing beside them (exit code 5: ARGS selected none of them).
-# --durations=30: the slowest tests are visible in every run's log.
+# --durations=30: the slowest tests are visible in every run's log; and
+# --cpu-durations=30 the 30 that used the most CPU (tests/cpu_time.py).
 test: prerequisites $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest -q --durations=30 -m "not alone" $(ARGS)
-	$(VENV)/bin/python -m pytest -q --durations=30 -n 0 -m alone $(ARGS) || [ $$? -eq 5 ]
+	$(VENV)/bin/python -m pytest -q --durations=30 --cpu-durations=30 -m "not alone" $(ARGS)
+	$(VENV)/bin/python -m pytest -q --durations=30 --cpu-durations=30 -n 0 -m alone $(ARGS) || [ $$? -eq 5 ]
 
 # The compose stack's exactly-once test on containers, alone (`make test` runs
 # it too, beside the rest): podman set up and the

@@ -47,6 +47,12 @@ from hypothesis import settings as hypothesis_settings
 
 from devstack.private import PrivateStack
 from devstack.stack import StackState
+from tests import cpu_time
+from tests.cpu_time import (  # noqa: F401 - hooks: each test's CPU seconds
+    pytest_addoption,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 from tokenmill.settings import Settings
 
 # Properties are about values, not speed: an example that takes over
@@ -98,6 +104,7 @@ SHARED_STACK_DIR = "TOKENMILL_TEST_SHARED_STACK_DIR"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    cpu_time.register(config)
     if not hasattr(config, "workerinput") and SHARED_STACK_DIR not in os.environ:
         os.environ[SHARED_STACK_DIR] = tempfile.mkdtemp(prefix="tokenmill-test-stack-")
         config.stash[_made_stack_dir] = Path(os.environ[SHARED_STACK_DIR])

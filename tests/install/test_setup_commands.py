@@ -60,7 +60,8 @@ def _dry_run(target: str, venv: Path) -> list[str]:
     ("demo", "local", "{venv}/bin/tokenmill demo"),
     # the `alone` tests after the rest, on their own (see the Makefile)
     ("test", "test",
-     "{venv}/bin/python -m pytest -q --durations=30 -n 0 -m alone || [ $? -eq 5 ]"),
+     "{venv}/bin/python -m pytest -q --durations=30 --cpu-durations=30 -n 0 -m alone "
+     "|| [ $? -eq 5 ]"),
     ("test-containers", "test",
      "TOKENMILL_TEST_SERVICES=containers {venv}/bin/python -m pytest -q --durations=30 -n 0 "
      "tests/e2e/test_compose.py"),
