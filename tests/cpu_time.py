@@ -5,8 +5,10 @@ run beside a busy core: 10% idle on average): a test's wall time there is
 mostly its neighbours' load, so cutting CI time means cutting CPU work, and
 this is the list that ranks it. A test's figure is its test process's own CPU
 plus that of every child it reaped (services, brokers, simulators: waited
-for, hence counted by `RUSAGE_CHILDREN`), over its setup, call and teardown;
-the session's shared stack is started by the controller and counted nowhere.
+for, hence counted by `RUSAGE_CHILDREN`), over its setup, call and teardown.
+Counted nowhere: the session's shared stack (the controller starts it) and
+processes no test reaps (a dev stack's daemonized nodes); in a CI run the
+counted total was about 60% of the CPU the main line used.
 Each test's figure goes into the junit XML as the property `cpu_s`; the
 largest are listed at the end of the run (`--cpu-durations N`, 0 for none).
 The hooks are tests/conftest.py's (imported there)."""
@@ -21,7 +23,7 @@ import pytest
 _STARTED = pytest.StashKey[float]()
 
 
-def _cpu_s() -> float:
+def cpu_s() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
@@ -34,7 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    item.stash[_STARTED] = _cpu_s()
+    item.stash[_STARTED] = cpu_s()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -42,7 +44,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
     yield
     started = item.stash.get(_STARTED, None)
     if started is not None:
-        item.user_properties.append(("cpu_s", round(_cpu_s() - started, 2)))
+        item.user_properties.append(("cpu_s", round(cpu_s() - started, 2)))
 
 
 class CpuReport:
