@@ -17,8 +17,6 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-import jsonschema
-
 from schemas.messages import Message, Tool, ToolCall
 
 _MISSING = object()
@@ -53,6 +51,9 @@ def call_problem(call: ToolCall, schemas: dict[str, dict[str, Any]]) -> str | No
         return f"tool call {name!r}: arguments are not a JSON object"
     if name not in schemas:
         return f"tool call {name!r}: not one of the offered tools {sorted(schemas)}"
+    # Imported here: a tenth of a worker's start-up, and only tool calls need it.
+    import jsonschema
+
     try:
         jsonschema.validate(arguments, schemas[name])
     except jsonschema.SchemaError:
