@@ -44,8 +44,10 @@ def test_ci_runs_the_readme_test_command_and_nothing_else_runs_tests() -> None:
 
 def _outside_make() -> dict[str, str]:
     """The environment without an enclosing make's variables (under `make test`
-    a nested make would print "Entering directory" lines and inherit its flags)."""
-    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    a nested make would print "Entering directory" lines and inherit its flags),
+    nor the interpreter .ci/run chose (PYTHON): the Makefile's default is checked."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON")}
 
 
 def _dry_run(target: str, venv: Path) -> list[str]:
