@@ -25,7 +25,7 @@ from typing import Any
 import boto3
 import msgspec
 
-from devstack import ceph_rgw, kafka_broker, processes, s3_server, secure
+from devstack import ceph_rgw, class_archive, kafka_broker, processes, s3_server, secure
 from tokenmill.kafka import kraft
 from tokenmill.log import get_logger
 
@@ -200,6 +200,7 @@ def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState
     processes.require_free(plan.host, plan.s3_port, "the S3 server", "--s3-port")
 
     lib = kafka_broker.fetch_jars(on_progress)
+    class_archive.ensure(lib)  # once per machine: every broker start after it is cheaper
     node_plans = plan.node_plans()
     security = (secure.prepare(plan.state_dir, [node.host for node in plan.nodes],
                                [node_plan.data_dir for node_plan in node_plans])
