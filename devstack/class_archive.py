@@ -87,8 +87,10 @@ def check(java: str, lib: Path, archive: Path) -> None:
     """The JVM maps `archive` and runs the broker's main class with it, or
     ArchiveError: `-Xshare:on` makes a bad archive an error, not a fallback."""
     checked = subprocess.run(
-        [java, "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", f"{lib}/*",
-         "kafka.Kafka", "--version"], capture_output=True, text=True, timeout=60, check=False)
+        # a bad archive can crash the JVM: its report goes nowhere, not to the cwd
+        [java, "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-XX:ErrorFile=/dev/null",
+         "-cp", f"{lib}/*", "kafka.Kafka", "--version"],
+        capture_output=True, text=True, timeout=60, check=False)
     if checked.returncode != 0:
         raise ArchiveError(f"the archive did not map (-Xshare:on exit {checked.returncode}): "
                            f"{(checked.stdout + checked.stderr).strip()[-300:]}")
