@@ -22,7 +22,8 @@ Each test checks that
 - that is at most `--concurrency` per partition that moved, and never more
   than the workers themselves counted as dropped (their `stopped` line's
   `wasted`, by reason);
-- the scenario's own move had work in flight: the bound bounds something.
+- the partitions the scenario moved had work in flight when it began: the
+  move was mid-run, and the bound bounds something.
 """
 
 from __future__ import annotations
@@ -128,11 +129,15 @@ class Fleet:
 
 
 def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ignore[no-untyped-def]
-         scenario) -> tuple[list[Move], list[set[str]]]:
+         scenario) -> tuple[list[Move], list[set[str]], list[set[str]]]:
     """Starts `workers`, feeds them once their group has formed, runs
     `scenario(fleet)` mid-run, lets the run end and checks the waste
     against the in-flight windows of the partitions that moved. Returns
-    the moves and their windows."""
+    the moves, their windows, and what each moved partition had requested
+    and not committed when the scenario began (a graceful hand-over drains
+    and commits before it revokes, so its window at the move is rightly
+    empty: ci33; the work it had when the scenario began shows the move was
+    mid-run)."""
     spec = create_run(settings, run_id, partitions=PARTITIONS)
     prompts = make_prompts(run_id, PROMPTS)
     request_log = tmp_path / "requests.jsonl"
@@ -147,6 +152,7 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
             feed.start()
             wait_until(lambda: consumer_progress(settings, run_id).generated >= PROMPTS // 4,
                        120, "a quarter of the run generated")
+            began = time.time()
             scenario(fleet)
             feed.release()
             fleet.finish()
@@ -161,7 +167,9 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
     found.check()
     assert found.wasted <= CONCURRENCY * len(moves), (found.wasted, moves)
     assert found.wasted <= reported, (found.wasted, reported)
-    return moves, found.windows
+    at_start = waste(settings, run_id, prompts, PARTITIONS, request_log,
+                     [(name, p, began) for name, p, _ in moves]).windows
+    return moves, found.windows, at_start
 
 
 def test_waste_after_a_join_is_bounded_by_the_moved_partitions_window(settings, run_id,
@@ -170,11 +178,11 @@ def test_waste_after_a_join_is_bounded_by_the_moved_partitions_window(settings, 
         fleet.start("late")
         wait_until(lambda: fleet.owned("late"), 60, "partitions for the late worker")
 
-    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1"], join)
-    given = [w for (name, _, _), w in zip(moves, windows) if name in ("w0", "w1")]
+    moves, windows, at_start = _run(settings, run_id, tmp_path, ["w0", "w1"], join)
+    given = [w for (name, _, _), w in zip(moves, at_start) if name in ("w0", "w1")]
     assert given, f"the join moved nothing: {moves}"
-    # the partitions moved with work in flight (mid-run): the bound bounds something
-    assert any(given), (moves, windows)
+    # the partitions that moved had work in flight as the join began (mid-run)
+    assert any(given), (moves, windows, at_start)
 
 
 def test_waste_after_a_hand_over_is_bounded_by_the_moved_partitions_window(settings, run_id,
@@ -187,9 +195,10 @@ def test_waste_after_a_hand_over_is_bounded_by_the_moved_partitions_window(setti
         assert leaver.wait(60) == 0, leaver.log()[-3000:]
         assert [e["hand_over"] for e in leaver.events("stopping")] == [True]
 
-    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1", "w2"], hand_over)
+    moves, windows, at_start = _run(settings, run_id, tmp_path, ["w0", "w1", "w2"], hand_over)
     assert {name for name, _, _ in moves} == {"w2"}, moves
-    assert any(windows), (moves, windows)
+    # the leaver had work in flight on them when it was told to go (mid-run)
+    assert any(at_start), (moves, windows, at_start)
 
 
 def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(settings, run_id,
@@ -206,6 +215,6 @@ def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(se
             frozen.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: frozen.events(MOVES[1]), 60, "the zombie learning it lost them")
 
-    moves, windows = _run(settings, run_id, tmp_path, ["w0", "w1"], zombie)
+    moves, windows, _ = _run(settings, run_id, tmp_path, ["w0", "w1"], zombie)
     assert "w1" in {name for name, _, _ in moves}, moves
     assert any(w for (name, _, _), w in zip(moves, windows) if name == "w1"), (moves, windows)
