@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from devstack import kafka_broker, processes
@@ -41,9 +42,10 @@ class ArchiveError(RuntimeError):
     """The archive could not be made (the reason is its message)."""
 
 
-def ensure(lib: Path) -> Path | None:
+def ensure(lib: Path, on_progress: Callable[[str], None] | None = None) -> Path | None:
     """The archive for `lib`'s broker and this machine's `java`, made now
-    when there is none; None when it cannot be made (logged once)."""
+    when there is none (`on_progress` hears of it); None when it cannot be
+    made (logged once)."""
     java = shutil.which("java")
     if java is None:
         return None
@@ -58,6 +60,8 @@ def ensure(lib: Path) -> Path | None:
         if archive.is_file() or failed.is_file():
             return archive if archive.is_file() else None
         started = time.monotonic()
+        if on_progress is not None:
+            on_progress("making a class archive of the broker's classes (once, a few seconds)")
         try:
             _make(lib, java, archive)
         except (ArchiveError, OSError, subprocess.SubprocessError, kafka_broker.BrokerSetupError

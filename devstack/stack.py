@@ -200,7 +200,7 @@ def up(plan: StackPlan, on_progress: Progress | None = None) -> tuple[StackState
     processes.require_free(plan.host, plan.s3_port, "the S3 server", "--s3-port")
 
     lib = kafka_broker.fetch_jars(on_progress)
-    class_archive.ensure(lib)  # once per machine: every broker start after it is cheaper
+    class_archive.ensure(lib, on_progress)  # once: every broker start after it is cheaper
     node_plans = plan.node_plans()
     security = (secure.prepare(plan.state_dir, [node.host for node in plan.nodes],
                                [node_plan.data_dir for node_plan in node_plans])

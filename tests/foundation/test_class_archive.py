@@ -45,10 +45,13 @@ def test_an_archive_that_cannot_be_made_is_tried_once_and_brokers_start_without(
     lib = kafka_broker.cache_dir() / "lib"
     lib.mkdir(parents=True)
     (lib / "not-kafka.jar").write_text("no broker classes here")
-    assert class_archive.ensure(lib) is None
+    heard: list[str] = []
+    assert class_archive.ensure(lib, heard.append) is None
+    assert len(heard) == 1 and "class archive" in heard[0]  # `dev up` says what it waits for
     failed = kafka_broker.class_archive_path(lib, require_on_path("java")).with_suffix(".failed")
     assert "formatting Kafka storage" in failed.read_text()
-    assert class_archive.ensure(lib) is None  # not tried again
+    assert class_archive.ensure(lib, heard.append) is None
+    assert len(heard) == 1  # not tried again
     plan = kafka_broker.NodePlan(node=None, home=tmp_path, quick_jvm=True)  # type: ignore[arg-type]
     assert not any("SharedArchiveFile" in a
                    for a in kafka_broker.java_command(plan, lib, "kafka.Kafka"))
