@@ -215,6 +215,9 @@ def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(se
             frozen.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: frozen.events(MOVES[1]), 60, "the zombie learning it lost them")
 
-    moves, windows, _ = _run(settings, run_id, tmp_path, ["w0", "w1"], zombie)
+    moves, windows, at_start = _run(settings, run_id, tmp_path, ["w0", "w1"], zombie)
     assert "w1" in {name for name, _, _ in moves}, moves
-    assert any(w for (name, _, _), w in zip(moves, windows) if name == "w1"), (moves, windows)
+    # the zombie had work in flight on them when it froze (mid-run); at its
+    # wake-up the new owner may have committed it all already (ci34)
+    assert any(w for (name, _, _), w in zip(moves, at_start) if name == "w1"), (
+        moves, windows, at_start)
