@@ -167,8 +167,7 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
     found.check()
     assert found.wasted <= CONCURRENCY * len(moves), (found.wasted, moves)
     assert found.wasted <= reported, (found.wasted, reported)
-    at_start = waste(settings, run_id, prompts, PARTITIONS, request_log,
-                     [(name, p, began) for name, p, _ in moves]).windows
+    at_start = found.windows_at([(name, p, began) for name, p, _ in moves])
     return moves, found.windows, at_start
 
 

@@ -71,6 +71,9 @@ class Waste:
     wasted: int  # requests beyond each prompt's first
     redone: set[str]  # prompts requested more than once
     windows: list[set[str]]  # one per move
+    requested: dict[str, list[float]]  # when each prompt was requested
+    committed: dict[str, float]  # when each prompt's record was produced
+    partition: dict[str, int]  # each prompt's partition
 
     def check(self) -> None:
         """Every redone prompt was in the window of a move of its partition,
@@ -80,6 +83,12 @@ class Waste:
         assert self.wasted <= sum(len(w) for w in self.windows), (
             self.wasted, [len(w) for w in self.windows])
 
+    def windows_at(self, moves: list[Move]) -> list[set[str]]:
+        """What each move's partition had requested and not committed at
+        the move's moment."""
+        return [{x for x, times in self.requested.items() if self.partition[x] == p
+                 and min(times) <= when < self.committed[x]} for _, p, when in moves]
+
 
 def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  # type: ignore[no-untyped-def]
           request_log: Path, moves: list[Move]) -> Waste:
@@ -88,9 +97,9 @@ def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  
     assert set(requested) == {p.id for p in prompts}
     committed = {r.key.decode(): r.timestamp / 1000 for r in read_all(
         settings.bootstrap_servers, topics.completions_topic(run_id), timeout_s=60)}
-    partition = {p.id: p.seq % partitions for p in prompts}
-    windows = [{x for x, times in requested.items() if partition[x] == p
-                and min(times) <= when < committed[x]} for _, p, when in moves]
-    return Waste(wasted=sum(len(times) - 1 for times in requested.values()),
-                 redone={x for x, times in requested.items() if len(times) > 1},
-                 windows=windows)
+    found = Waste(wasted=sum(len(times) - 1 for times in requested.values()),
+                  redone={x for x, times in requested.items() if len(times) > 1},
+                  windows=[], requested=requested, committed=committed,
+                  partition={p.id: p.seq % partitions for p in prompts})
+    found.windows = found.windows_at(moves)
+    return found
