@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -151,18 +152,27 @@ def test_end_to_end_exactly_once_with_crashes(settings, services, run_id, tmp_pa
     try:
         for service in (*consumers, sink):
             service.start()
-        # The kills land mid-run, by condition: some but not all completions
-        # committed, and at least one S3 object written.
+        # The kills land mid-run by construction: once completions are
+        # committed and an S3 object is written, the simulated GPUs are frozen
+        # (SIGSTOP) with the run unfinished, so it cannot end before the kills
+        # however slow the checks are (ci37 beside a busy core: a check that
+        # saw the run unfinished was stale by the kill, and all 1800 were in).
         deadline = time.monotonic() + 180
-        while not (0 < _committed(settings, run_id) < total and s3_keys(settings)):
+        while not (_committed(settings, run_id) > 0 and s3_keys(settings)):
             assert time.monotonic() < deadline, "the run never got going"
             time.sleep(0.2)  # poll of a wait loop
-        consumers[1].kill()
-        sink.kill()
-        at_kill = _committed(settings, run_id), len(s3_keys(settings))
-        assert 0 < at_kill[0] < total and at_kill[1] >= 1, at_kill
-        consumers[1].start()
-        sink.start()
+        for sim in sims:
+            os.kill(sim.proc.pid, signal.SIGSTOP)
+        try:
+            frozen_at = _committed(settings, run_id), len(s3_keys(settings))
+            assert 0 < frozen_at[0] < total and frozen_at[1] >= 1, frozen_at
+            consumers[1].kill()
+            sink.kill()
+            consumers[1].start()
+            sink.start()
+        finally:
+            for sim in sims:
+                os.kill(sim.proc.pid, signal.SIGCONT)
         for service in consumers:
             assert service.wait(300) == 0, service.tail()
         assert sink.wait(300) == 0, sink.tail()
