@@ -105,6 +105,12 @@ class Fleet:
     def owned(self, name: str) -> set[int]:
         return owned(self.workers[name])
 
+    def busy(self, workers: int) -> bool:
+        """Every one of `workers` workers has a request in flight: the
+        simulator runs more than the other workers' caps together."""
+        running = sim_metrics(self.url).get("sglang:num_running_reqs", 0.0)
+        return running > (workers - 1) * CONCURRENCY
+
     def formed(self) -> bool:
         """The group has settled: every worker owns its equal share, and
         together all the partitions (the assignor moves nothing more)."""
@@ -134,7 +140,8 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
     `scenario(fleet)` mid-run, lets the run end and checks the waste
     against the in-flight windows of the partitions that moved. Returns
     the moves, their windows, and what each moved partition had requested
-    and not committed when the scenario began (a graceful hand-over drains
+    and not committed when the scenario began (`scenario` returns that moment
+    when it waits for it; else it is the call). A graceful hand-over drains
     and commits before it revokes, so its window at the move is rightly
     empty: ci33; the work it had when the scenario began shows the move was
     mid-run)."""
@@ -152,8 +159,8 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
             feed.start()
             wait_until(lambda: consumer_progress(settings, run_id).generated >= PROMPTS // 4,
                        120, "a quarter of the run generated")
-            began = time.time()
-            scenario(fleet)
+            before = time.time()
+            began = scenario(fleet) or before  # the scenario's own moment, when it has one
             feed.release()
             fleet.finish()
         finally:
@@ -186,13 +193,18 @@ def test_waste_after_a_join_is_bounded_by_the_moved_partitions_window(settings, 
 
 def test_waste_after_a_hand_over_is_bounded_by_the_moved_partitions_window(settings, run_id,
                                                                            tmp_path) -> None:
-    def hand_over(fleet: Fleet) -> None:
+    def hand_over(fleet: Fleet) -> float:
         leaver = fleet.workers["w2"]
         wait_until(lambda: leaver.events("fleet: other workers in the group"), 60,
                    "the leaver seeing the other workers")
+        # the leaver has requests in flight as it is told to go (ci38: a
+        # feed that fell behind on a loaded machine left a worker idle)
+        wait_until(lambda: fleet.busy(3), 60, "every worker with a request in flight")
+        told = time.time()
         leaver.terminate()
         assert leaver.wait(60) == 0, leaver.log()[-3000:]
         assert [e["hand_over"] for e in leaver.events("stopping")] == [True]
+        return told
 
     moves, windows, at_start = _run(settings, run_id, tmp_path, ["w0", "w1", "w2"], hand_over)
     assert {name for name, _, _ in moves} == {"w2"}, moves
@@ -202,10 +214,14 @@ def test_waste_after_a_hand_over_is_bounded_by_the_moved_partitions_window(setti
 
 def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(settings, run_id,
                                                                               tmp_path) -> None:
-    def zombie(fleet: Fleet) -> None:
+    def zombie(fleet: Fleet) -> float:
         frozen = fleet.workers["w1"]
         assert frozen.proc is not None
+        # it freezes with requests in flight (ci38: on a loaded machine the
+        # feed fell behind and it froze idle, with nothing to hold)
+        wait_until(lambda: fleet.busy(2), 60, "both workers with a request in flight")
         frozen.proc.send_signal(signal.SIGSTOP)
+        froze = time.time()
         try:
             # past its session (6 s): the other worker takes its partitions
             wait_until(lambda: fleet.owned("w0") == set(range(PARTITIONS)), 60,
@@ -213,6 +229,7 @@ def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(se
         finally:
             frozen.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: frozen.events(MOVES[1]), 60, "the zombie learning it lost them")
+        return froze
 
     moves, windows, at_start = _run(settings, run_id, tmp_path, ["w0", "w1"], zombie)
     assert "w1" in {name for name, _, _ in moves}, moves
