@@ -50,18 +50,16 @@ def _user_env(**extra: str) -> dict[str, str]:
 UV = Path(sys.executable).parent / "uv"  # beside pytest's interpreter, or absent
 
 
-def _installer(python: Path) -> list[str | Path]:
-    """`pip install` into the environment of `python`: uv's when uv sits
-    beside this interpreter, else the environment's own pip."""
+def _pip(python: Path, *args: str | Path) -> list[str | Path]:
+    """`pip <args>` on the environment of `python`: uv's pip interface when
+    uv sits beside this interpreter, else the environment's own pip."""
     if UV.is_file():
-        return [UV, "pip", "install", "--quiet", "--python", python]
-    return [python, "-m", "pip", "install", "-q"]
+        return [UV, "pip", *args, "--python", python]
+    return [python, "-m", "pip", *args]
 
 
 def _installed(python: Path, cwd: Path) -> set[str]:
-    listing = ([UV, "pip", "list", "--python", python, "--format=json"] if UV.is_file()
-               else [python, "-m", "pip", "list", "--format=json"])
-    listed = _run(listing, cwd=cwd)
+    listed = _run(_pip(python, "list", "--format=json"), cwd=cwd)
     assert listed.returncode == 0, listed.stderr
     return {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
 
@@ -127,14 +125,13 @@ def test_wheel_metadata_keeps_the_runtime_lean(wheel: Path) -> None:
 def test_installed_wheel_runs_the_demo_anywhere(wheel: Path, tmp_path: Path) -> None:
     venv, home = tmp_path / "venv", tmp_path / "elsewhere"
     home.mkdir()
-    created = _run([sys.executable, "-m", "venv", *(["--without-pip"] if UV.is_file() else []),
-                    venv],
-                   cwd=home)
+    without_pip = ["--without-pip"] if UV.is_file() else []  # uv installs from outside
+    created = _run([sys.executable, "-m", "venv", *without_pip, venv], cwd=home)
     assert created.returncode == 0, created.stderr
     python, tokenmill = venv / "bin" / "python", venv / "bin" / "tokenmill"
 
     # `pip install tokenmill`: the runtime only.
-    plain = _run([*_installer(python), wheel], cwd=home)
+    plain = _run(_pip(python, "install", "-q", wheel), cwd=home)
     assert plain.returncode == 0, plain.stderr[-3000:]
     installed = _installed(python, home)
     assert "tokenmill" in installed and not installed & TEST_ONLY, installed & TEST_ONLY
@@ -148,7 +145,7 @@ def test_installed_wheel_runs_the_demo_anywhere(wheel: Path, tmp_path: Path) -> 
     message = " ".join(bare.stderr.split())
     assert "pip install 'tokenmill[local]'" in message, bare.stderr
 
-    local = _run([*_installer(python), f"{wheel}[local]"], cwd=home)
+    local = _run(_pip(python, "install", "-q", f"{wheel}[local]"), cwd=home)
     assert local.returncode == 0, local.stderr[-3000:]
 
     state = home / "state"
