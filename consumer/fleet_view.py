@@ -13,32 +13,12 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from consumer.fleet import FleetView, Member, worker_of
+from tokenmill.kafka import committed as committed_reads
 from tokenmill.kafka import groups
 
 
 class ViewUnavailable(RuntimeError):
     """The admin requests failed (broker restarting, coordinator moving)."""
-
-
-# A ListOffsets timestamp meaning "the end": for a read_committed consumer,
-# the last stable offset.
-LATEST = -1
-
-
-def last_stable_offsets(offsets: Consumer, topic: str, partitions: int,
-                        timeout_s: float) -> dict[int, int]:
-    """Each partition's read_committed end, in one call of the consumer.
-    Not admin.list_offsets: with a partition's leader down, librdkafka's admin
-    worker asks for a connection to it again at every failed attempt, with no
-    backoff (hundreds of connects a second, half a core per worker for as
-    long as the broker is down; measured in librdkafka 2.16). The consumer's
-    offsets_for_times waits out the same leader quietly, then times out."""
-    found = offsets.offsets_for_times(
-        [TopicPartition(topic, p, LATEST) for p in range(partitions)], timeout=timeout_s)
-    failed = [tp for tp in found if tp.error is not None]
-    if failed:
-        raise KafkaException(failed[0].error)
-    return {tp.partition: tp.offset for tp in found}
 
 
 def read_view(admin: AdminClient, offsets: Consumer, *, group: str, topic: str,
@@ -47,12 +27,13 @@ def read_view(admin: AdminClient, offsets: Consumer, *, group: str, topic: str,
     only reads its committed offsets and the partitions' ends. The admin calls
     for them misbehave in librdkafka 2.16: list_consumer_group_offsets was seen
     to crash it while the coordinator loads, and list_offsets with a leader
-    down spins (last_stable_offsets says how)."""
+    down spins (committed.consumer_last_stable_offsets says how)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     try:
         state = groups.describe(admin, group, topic, timeout_s)
         found = offsets.committed(tps, timeout=timeout_s)
-        end = last_stable_offsets(offsets, topic, partitions, timeout_s)
+        end = committed_reads.consumer_last_stable_offsets(offsets, topic,
+                                                            list(range(partitions)), timeout_s)
     except KafkaException as exc:
         raise ViewUnavailable(str(exc.args[0] if exc.args else exc)) from None
     members = tuple(Member(worker=worker_of(m.client_id), slot=m.client_id,

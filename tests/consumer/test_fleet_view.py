@@ -1,8 +1,9 @@
-"""The fleet view's partition ends (consumer/fleet_view.py), on the real
-broker: a never-subscribing read_committed consumer's offsets_for_times
-stands in for admin.list_offsets (which spins on a down leader in librdkafka
-2.16), so it must give exactly what the admin call gives: the last stable
-offset, below a transaction still open, not the high watermark."""
+"""The fleet view's partition ends (consumer/fleet_view.py reads them with
+committed.consumer_last_stable_offsets), on the real broker: a
+never-subscribing read_committed consumer's offsets_for_times stands in for
+admin.list_offsets (which spins on a down leader in librdkafka 2.16), so it
+must give exactly what the admin call gives: the last stable offset, below a
+transaction still open, not the high watermark."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumer.fleet_view import last_stable_offsets
 from tokenmill.kafka import clients, committed
 
 pytestmark = pytest.mark.broker
@@ -40,7 +40,7 @@ def test_the_ends_are_the_last_stable_offsets_not_the_high_watermarks(settings) 
     offsets = clients.consumer(settings, f"{topic}.group")  # never subscribes
     admin = clients.admin(settings)
     try:
-        ends = last_stable_offsets(offsets, topic, 3, timeout_s=30)
+        ends = committed.consumer_last_stable_offsets(offsets, topic, [0, 1, 2], 30)
         by_admin = committed.last_stable_offsets(admin, topic, [0, 1, 2], 30)
         high = committed.high_watermarks(admin, topic, [0], 30)
     finally:

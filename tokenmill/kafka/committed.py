@@ -61,6 +61,28 @@ def last_stable_offsets(admin: AdminClient, topic: str, partitions: list[int],
     return _offsets(admin, topic, partitions, latest, timeout_s)
 
 
+# A ListOffsets timestamp meaning "the end": for a read_committed consumer,
+# the last stable offset.
+LATEST = -1
+
+
+def consumer_last_stable_offsets(consumer: Consumer, topic: str, partitions: list[int],
+                                 timeout_s: float) -> dict[int, int]:
+    """last_stable_offsets through a read_committed consumer, for callers that
+    ask often. admin.list_offsets, with a partition's leader down, makes
+    librdkafka's admin worker ask for a connection to it again at every
+    failed attempt, with no backoff (hundreds of connects a second, half a
+    core, for as long as the broker is down; librdkafka 2.16). The
+    consumer's offsets_for_times waits out the same leader quietly, then
+    times out."""
+    found = consumer.offsets_for_times(
+        [TopicPartition(topic, p, LATEST) for p in partitions], timeout=timeout_s)
+    failed = [tp for tp in found if tp.error is not None]
+    if failed:
+        raise KafkaException(failed[0].error)
+    return {tp.partition: tp.offset for tp in found}
+
+
 def high_watermarks(admin: AdminClient, topic: str, partitions: list[int],
                     timeout_s: float) -> dict[int, int]:
     """The end of each partition counting records of transactions still open."""
