@@ -4,9 +4,10 @@
 A partition is heard of when a record of it is polled. It is not expected
 to be heard of while the worker does not fetch on purpose (paused: the
 server down, stopping, the buffer full), so those turns hush every clock.
-Every `CHECK_S`, partitions silent past the limit are looked up on the
-broker (in a thread: the event loop never waits on it), and a partition
-found stalled at two looks in a row ends the worker with one line.
+Every half limit (at most every 10 s: `fetch_stall.look_interval`),
+partitions silent past the limit are looked up on the broker (in a
+thread: the event loop never waits on it), and a partition found stalled
+at two looks in a row ends the worker with one line.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from tokenmill.kafka import fetch_stall
 from tokenmill.log import get_logger
 
 log = get_logger("tokenmill.consumer")
-
-CHECK_S = 10.0
 
 Held = tuple[str, str, int]  # (slot, topic, partition)
 
@@ -64,7 +63,7 @@ class FetchWatch:
     async def run(self, stopping: Callable[[], bool],
                   on_stall: Callable[[BaseException], None]) -> None:
         while not stopping():
-            await asyncio.sleep(CHECK_S)
+            await asyncio.sleep(fetch_stall.look_interval(self.silence.limit_s))
             verdict = await self._look()
             if verdict is not None:
                 on_stall(verdict)

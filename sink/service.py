@@ -50,7 +50,7 @@ from sink.s3_writer import S3Writer, make_client
 from tokenmill import crashpoints
 from tokenmill import progress as run_progress
 from tokenmill.kafka import clients, groups, start_offsets, topics, transactions
-from tokenmill.kafka.fetch_stall import Silence
+from tokenmill.kafka.fetch_stall import Silence, look_interval
 from tokenmill.kafka.stranded import StrandedRepair
 from tokenmill.kafka.transactions import KafkaFatal
 from tokenmill.log import get_logger
@@ -60,8 +60,6 @@ from tokenmill.watchdog import Watchdog
 log = get_logger("tokenmill.sink")
 
 LAG_INTERVAL_S = 5.0
-# How often silent partitions are looked at (tokenmill/kafka/fetch_stall.py).
-FETCH_CHECK_INTERVAL_S = 10.0
 # The committed-offset read at an assignment waits out an undecided
 # transaction (start_offsets.COMMITTED_WAIT_S), within this.
 COMMITTED_GUARD_S = 60.0
@@ -320,7 +318,7 @@ class SinkService:
             if now >= next_fetch_check:
                 check_fetching(self._silence, self._lookups, self.topic,
                                topics.sink_group(config.run), now)
-                next_fetch_check = now + FETCH_CHECK_INTERVAL_S
+                next_fetch_check = now + look_interval(config.fetch_stall_s)
             if liveness.due(now):
                 liveness.heartbeat(uploading_since=self._s3_busy_since())
             liveness.log_slow_s3(since=self._s3_busy_since(), uploading=rounds.uploading,

@@ -184,16 +184,18 @@ def _stop_fetching(point: str, count: int) -> None:
            partitions=sorted(paused))
 
 
-def assert_fetch_stall_exit(text: str, stall_s: float) -> None:
+def assert_fetch_stall_exit(text: str, stall_s: float, most_s: float) -> None:
     """The log of a service whose fetching was stopped: it exited with one
     `Error:` line naming the stall and what waits, after a silence of at
-    least `stall_s`, and was never told (no revocation or loss after the stop)."""
+    least `stall_s` and at most `most_s` (the looks come every half limit:
+    a fixed 10 s between them made a worker's 5 s limit 19 s), and was never
+    told (no revocation or loss after the stop)."""
     errors = [line for line in text.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "stopped fetching" in errors[0], text[-3000:]
     assert "records from offset" in errors[0]
     assert "Traceback" not in text
     silent = re.search(r"nothing came for (\d+)s", errors[0])
-    assert silent is not None and int(silent.group(1)) >= stall_s, errors[0]
+    assert silent is not None and stall_s <= int(silent.group(1)) <= most_s, errors[0]
     after = text[text.index("fault injection: fetching stopped"):]
     assert "partitions revoked" not in after and "partitions lost" not in after
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenmill.kafka.fetch_stall import Silence, describe, stalled
+from tokenmill.kafka.fetch_stall import LOOK_EVERY_S, Silence, describe, look_interval, stalled
 
 
 def test_silent_only_after_the_limit_and_enough_polls() -> None:
@@ -65,6 +65,12 @@ def test_the_line_names_the_topic_partitions_and_what_waits() -> None:
                            "nothing came for 61s")
     assert "0 (8 records from offset 42), 2 (18 records from offset 12)" in line
     assert line.endswith("exiting so that the supervisor restarts it from committed state")
+
+
+def test_looks_come_every_half_limit_and_at_most_every_ten_seconds() -> None:
+    assert look_interval(5.0) == 2.5
+    assert look_interval(60.0) == LOOK_EVERY_S == 10.0
+    assert look_interval(1.0) == 0.5  # the flag's floor
 
 
 EVENTS = st.lists(st.tuples(st.sampled_from(["record", "end", "restart", "poll", "drop", "own"]),
