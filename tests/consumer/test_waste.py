@@ -54,7 +54,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 PARTITIONS = 6
 CONCURRENCY = 8
-PROMPTS = 1200
+PROMPTS = 600
 # Fed one prompt a partition at a time, at most AHEAD past the requests the
 # simulator has seen: each fetch brings a few records of every partition, so
 # a worker has requests in flight on all its partitions, not on one at a
