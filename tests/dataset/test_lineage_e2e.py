@@ -110,7 +110,7 @@ def generate(env: dict[str, str], tmp: Path, run_id: str, url: str) -> None:
         "--session-timeout", "6"), env, tmp)
     sink = Service(f"sink-{run_id}", cli(
         "sink", "--run", run_id, "--instance", f"s-{run_id}", "--until-done",
-        "--batch-size", "25", "--max-batch-age", "1", "--session-timeout", "6"), env, tmp)
+        "--batch-size", "25", "--max-batch-age", "0.2", "--session-timeout", "6"), env, tmp)
     try:
         worker.start()
         sink.start()

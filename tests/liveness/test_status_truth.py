@@ -41,8 +41,10 @@ from tokenmill.settings import Settings
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 HEARTBEAT_S = 3.0
-# Long answers (~4-10 s each): a few fill gpu0's small KV pool.
-SLOW = SimulatorConfig(decode_rate=40.0, length_median=250, length_sigma=0.3, length_max=400,
+# Long answers (~250 tokens, 1.5-5 s each): a few fill gpu0's small KV pool.
+# Not slower: a worker commits its results in offset order, so the run's
+# first persisted result waits for its partition's first answer.
+SLOW = SimulatorConfig(decode_rate=80.0, length_median=250, length_sigma=0.3, length_max=400,
                        prefill_rate=0, max_running_requests=64)
 
 
