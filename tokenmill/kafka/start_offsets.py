@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -28,6 +29,19 @@ from tokenmill.log import get_logger
 log = get_logger("tokenmill.kafka")
 
 COMMITTED_WAIT_S = 45.0
+
+# committed() ran out of time: the offsets are held by an undecided
+# transaction (_TIMED_OUT), or the request never left the client's queue in
+# time (_TIMED_OUT_QUEUE: the coordinator's connection busy or being set up
+# again; ci41 saw a worker exit on it in a rebalance on a loaded machine).
+# Both are waited out; anything else is the caller's to handle.
+_WAITED_OUT = {KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE}
+
+
+def waited_out(error: object) -> TypeGuard[KafkaError]:
+    """Whether a failed read of committed offsets is tried again within the
+    wait (pure, tested directly)."""
+    return isinstance(error, KafkaError) and error.code() in _WAITED_OUT
 
 Start = dict[tuple[str, int], int | None]  # (topic, partition) -> committed offset, None: none
 
@@ -46,11 +60,11 @@ def committed_offsets(consumer: Consumer, partitions: Sequence[TopicPartition], 
             break
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            timed_out = isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT
-            if not timed_out or time.monotonic() + timeout_s > deadline:
+            if not waited_out(error) or time.monotonic() + timeout_s > deadline:
                 raise
             log.warning("committed offsets not readable yet: the partitions' last owner may "
                         "have died inside a transaction; waiting for it to be aborted", who=who,
+                        error=error.name(),
                         partitions=sorted(f"{tp.topic.rsplit('.', 1)[-1]}-{tp.partition}"
                                           for tp in tps))
     return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
