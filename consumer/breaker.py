@@ -34,7 +34,7 @@ class Breaker:
     window: int = 20
     threshold: float = 0.9
     cooldown_s: float = 30.0
-    max_cooldown_s: float = 600.0
+    max_cooldown_s: float = 120.0
     clock: Callable[[], float] = time.monotonic
     state: State = "closed"
     cause: str | None = None  # what tripped it

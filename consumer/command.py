@@ -94,7 +94,12 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
 @click.option("--breaker-cooldown", "breaker_cooldown_s", default=30.0, show_default=True,
               type=seconds(0.1, 3600, min_open=False),
               help="Seconds the circuit breaker holds prompts before probing the server "
-                   "again (doubles while it keeps failing, up to 10 minutes).")
+                   "again (doubles while it keeps failing, up to --breaker-max-cooldown).")
+@click.option("--breaker-max-cooldown", "breaker_max_cooldown_s", default=120.0,
+              show_default=True, type=seconds(0.1, 86400, min_open=False),
+              help="Seconds the circuit breaker waits at most between probes: how long a "
+                   "server fixed by its operator may stay unused before the worker finds out "
+                   "(a probe is one request).")
 @click.option("--heartbeat-interval", "heartbeat_s", default=10.0, show_default=True,
               type=seconds(0.5, 600, min_open=False),
               help="Seconds between commits of an idle worker: `status` marks a worker "
@@ -115,7 +120,8 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
             max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
             group_protocol: str, session_timeout_s: float | None, static_membership: bool,
-            fleet_balancing: bool, breaker_cooldown_s: float, heartbeat_s: float,
+            fleet_balancing: bool, breaker_cooldown_s: float, breaker_max_cooldown_s: float,
+            heartbeat_s: float,
             fetch_stall_s: float, until_done: bool, metrics_port: int) -> None:
     """Generate completions for a run's prompts, exactly once, next to one SGLang server.
 
@@ -126,6 +132,9 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
       tokenmill consume --run my-run --sglang-url http://127.0.0.1:30000 --instance gpu0
     """
     check_url(sglang_url)
+    if breaker_max_cooldown_s < breaker_cooldown_s:
+        raise click.BadParameter(f"{breaker_max_cooldown_s:g}s is shorter than --breaker-cooldown "
+                                 f"({breaker_cooldown_s:g}s)", param_hint="--breaker-max-cooldown")
     instance = instance or default_instance(sglang_url)
     if not INSTANCE_PATTERN.match(instance):
         raise click.BadParameter(f"{instance!r}: use 1-100 letters, digits, '.', '_' or '-'",
@@ -153,6 +162,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         static_membership=static_membership,
         fleet_balancing=fleet_balancing,
         breaker_cooldown_s=breaker_cooldown_s,
+        breaker_max_cooldown_s=breaker_max_cooldown_s,
         heartbeat_s=heartbeat_s,
         fetch_stall_s=fetch_stall_s,
         until_done=until_done,

@@ -39,7 +39,8 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_s: float = 10.0
     breaker_window: int = 20  # recent requests the circuit breaker looks at
     breaker_threshold: float = 0.9  # share of one failure cause that opens it
-    breaker_cooldown_s: float = 30.0  # before the first probe (doubles, up to 10 min)
+    breaker_cooldown_s: float = 30.0  # before the first probe (doubles, up to the max)
+    breaker_max_cooldown_s: float = 120.0  # the longest wait between probes
     stall_s: float = 120.0
     # A held partition silent this long (while fetching) with committed
     # records past where it would read: the client stopped fetching; exit

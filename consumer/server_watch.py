@@ -41,7 +41,8 @@ class ServerWatch:
         self.limit = config.concurrency or config.initial_concurrency
         self.snapshot: ServerSnapshot | None = None  # the last /metrics reading
         self.breaker = Breaker(window=config.breaker_window, threshold=config.breaker_threshold,
-                               cooldown_s=config.breaker_cooldown_s)
+                               cooldown_s=config.breaker_cooldown_s,
+                               max_cooldown_s=config.breaker_max_cooldown_s)
         self._gate: HealthGate | None = None
 
     @property

@@ -70,6 +70,8 @@ def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
         before = gate.hold(after=150)
         worker = ConsumerProcess(settings, run_id, gate.url(), "b0", tmp_path,
                                  "--concurrency", "16", "--until-done", "--breaker-cooldown", "1",
+                                 # probes at most 2 s apart: the recovery is found within 2 s
+                                 "--breaker-max-cooldown", "2",
                                  "--max-attempts", "2", "--retry-base", "0.05").start()
         try:
             wait_until(lambda: consumer_progress(settings, run_id).generated > 100, 60,
@@ -80,7 +82,7 @@ def test_a_server_failing_everything_costs_one_window_then_the_run_resumes(
                       "holding prompts (their offsets stay uncommitted) and probing again")
             wait_until(lambda: worker.events(opened), 60, "the breaker opening")
             # what was in flight when it opened settles (the count stops moving);
-            # then, across probes that keep failing (cooldown 1 s, doubling),
+            # then, across probes that keep failing (cooldown 1 s, doubling to 2 s),
             # nothing more is committed
             settled = _settled(lambda: consumer_progress(settings, run_id).generated,
                                quiet_s=3, timeout_s=90)

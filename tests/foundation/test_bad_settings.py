@@ -133,6 +133,8 @@ CASES: tuple[Case, ...] = (
          "--max-concurrency"),
     Case("consume-concurrency-word", (*CONSUME, "--concurrency", "lots"), "--concurrency"),
     Case("consume-metrics-port", (*CONSUME, "--metrics-port", "70000"), "--metrics-port"),
+    Case("consume-breaker-max-under-cooldown", (*CONSUME, "--breaker-max-cooldown", "10"),
+         "--breaker-max-cooldown"),
     Case("consume-instance", (*CONSUME, "--instance", "gpu 0"), "--instance"),
     # --- sink ---------------------------------------------------------------------
     Case("sink-missing-run", ("sink",), "--run"),
