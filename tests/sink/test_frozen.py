@@ -49,19 +49,34 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
 
 @dataclass
+class Write:
+    method: str
+    key: str
+    began: float  # when its request line and headers had arrived
+    answered: float = 0.0  # when the store's answer came (0: not yet)
+    status: int = 0
+
+
+@dataclass
 class Recorder:
-    """What one sink asked of S3, through the proxy: every write (method,
-    key, when); `freeze_pid` is SIGSTOPped after its first object upload has
-    reached S3, before the answer goes back."""
+    """What one sink asked of S3, through the proxy: every write;
+    `freeze_pid` is SIGSTOPped after its first object upload has reached S3,
+    before the answer goes back."""
 
     freeze_pid: int = 0
-    writes: list[tuple[str, str, float]] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
     frozen_at: float = 0.0
     held_key: str = ""
     froze: threading.Event = field(default_factory=threading.Event)
 
-    def writes_after(self, since: float) -> list[tuple[str, str, float]]:
-        return [w for w in self.writes if w[2] >= since]
+    def writes_begun_after(self, since: float) -> list[Write]:
+        return [w for w in self.writes if w.began >= since]
+
+    def in_flight_across(self, frozen_at: float, woken_at: float) -> list[Write]:
+        """Writes begun before the freeze and answered after the wake-up:
+        sent side by side with the one the freeze held, their bodies reached
+        the proxy only once the process ran again (ci41)."""
+        return [w for w in self.writes if w.began < frozen_at and w.answered >= woken_at]
 
 
 @contextmanager
@@ -74,10 +89,13 @@ def recording_s3(upstream: str, recorder: Recorder) -> Iterator[str]:
         protocol_version = "HTTP/1.1"  # keep-alive, as boto3 expects
 
         def _forward(self) -> None:
+            began = time.time()
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             key = unquote(urlsplit(self.path).path).split("/", 2)[-1]
+            write = None
             if self.command in ("PUT", "POST", "DELETE") and "/" in key:
-                recorder.writes.append((self.command, key, time.time()))
+                write = Write(self.command, key, began)
+                recorder.writes.append(write)
             connection = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
             try:
                 connection.request(self.command, self.path, body=body,
@@ -86,6 +104,8 @@ def recording_s3(upstream: str, recorder: Recorder) -> Iterator[str]:
                 payload = answer.read()
             finally:
                 connection.close()
+            if write is not None:
+                write.answered, write.status = time.time(), answer.status
             if (self.command == "PUT" and "partition=" in key and answer.status == 200
                     and recorder.freeze_pid and not recorder.froze.is_set()):
                 os.kill(recorder.freeze_pid, signal.SIGSTOP)
@@ -173,12 +193,17 @@ def test_a_frozen_sink_holding_a_batch_never_uploads_for_the_partitions_it_lost(
     assert held_partition in held_by_a
     # (uploads of several partitions may be in flight at once; its start-up
     # store check wrote scratch keys of its own before them)
-    assert recorder.held_key in {key for method, key, _ in recorder.writes if method == "PUT"}
+    assert recorder.held_key in {w.key for w in recorder.writes if w.method == "PUT"}
     mine = read_run_progress(settings, run_id).sinks.get("a")
     assert mine is None or mine.s3_objects == 0, mine  # never committed by a
     assert not [e for e in _log_events(logs["a"]) if e.get("event") == "batch committed"]
-    # woken, it never wrote to S3 again: the partitions were b's
-    assert recorder.writes_after(thawed_at) == []
+    # woken, it began no write to S3 again: the partitions were b's
+    assert recorder.writes_begun_after(thawed_at) == []
+    # an upload begun before the freeze that reached S3 only after the wake-up
+    # (uploads run side by side) was refused: b had written that key first
+    # (conditional writes)
+    late = recorder.in_flight_across(recorder.frozen_at, thawed_at)
+    assert all(w.status == 412 for w in late), late
     # the held object is b's now (pinned to a's key), every record once
     in_s3, _ = assert_exactly_once(settings, run_id, {r.id for r in records})
     assert recorder.held_key in {o.key for o in s3_objects(settings)}
