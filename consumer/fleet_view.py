@@ -1,8 +1,8 @@
 """Observe the fleet from Kafka's own state (one admin request, two of a
 consumer that never subscribes): the group's members with their partitions
 (KIP-848 describe), the group's committed offsets and every partition's last
-stable offset. No channel of
-our own: every worker sees the same facts. Blocking; call it off the loop.
+stable offset. No channel of our own: every worker sees the same facts.
+Blocking; call it off the loop.
 """
 
 from __future__ import annotations

@@ -72,11 +72,11 @@ class Recorder:
     def writes_begun_after(self, since: float) -> list[Write]:
         return [w for w in self.writes if w.began >= since]
 
-    def in_flight_across(self, frozen_at: float, woken_at: float) -> list[Write]:
+    def in_flight_across_the_freeze(self, woken_at: float) -> list[Write]:
         """Writes begun before the freeze and answered after the wake-up:
         sent side by side with the one the freeze held, their bodies reached
         the proxy only once the process ran again (ci41)."""
-        return [w for w in self.writes if w.began < frozen_at and w.answered >= woken_at]
+        return [w for w in self.writes if w.began < self.frozen_at and w.answered >= woken_at]
 
 
 @contextmanager
@@ -202,7 +202,7 @@ def test_a_frozen_sink_holding_a_batch_never_uploads_for_the_partitions_it_lost(
     # an upload begun before the freeze that reached S3 only after the wake-up
     # (uploads run side by side) was refused: b had written that key first
     # (conditional writes)
-    late = recorder.in_flight_across(recorder.frozen_at, thawed_at)
+    late = recorder.in_flight_across_the_freeze(thawed_at)
     assert all(w.status == 412 for w in late), late
     # the held object is b's now (pinned to a's key), every record once
     in_s3, _ = assert_exactly_once(settings, run_id, {r.id for r in records})

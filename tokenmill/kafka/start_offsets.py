@@ -30,6 +30,8 @@ log = get_logger("tokenmill.kafka")
 
 COMMITTED_WAIT_S = 45.0
 
+Start = dict[tuple[str, int], int | None]  # (topic, partition) -> committed offset, None: none
+
 # committed() ran out of time: the offsets are held by an undecided
 # transaction (_TIMED_OUT), or the request never left the client's queue in
 # time (_TIMED_OUT_QUEUE: the coordinator's connection busy or being set up
@@ -42,8 +44,6 @@ def waited_out(error: object) -> TypeGuard[KafkaError]:
     """Whether a failed read of committed offsets is tried again within the
     wait (pure, tested directly)."""
     return isinstance(error, KafkaError) and error.code() in _WAITED_OUT
-
-Start = dict[tuple[str, int], int | None]  # (topic, partition) -> committed offset, None: none
 
 
 def committed_offsets(consumer: Consumer, partitions: Sequence[TopicPartition], *,
