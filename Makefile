@@ -18,8 +18,13 @@ VENV ?= .venv
 ARGS ?=
 # uv (from PyPI, into the venv) installs the extras: the packages pip would
 # resolve, in seconds instead of minutes (CI installs them on every clean clone).
+# --compile-bytecode: uv, unlike pip, leaves the .pyc files out, and where
+# PYTHONDONTWRITEBYTECODE is set (CI's containers) Python never writes them, so
+# every process compiled its imports again: a worker's took 1.0 s of CPU, 0.5 s
+# with them. The project's own packages are compiled before the tests (below).
 UV = $(VENV)/bin/uv
-PIP_INSTALL = $(UV) pip install --quiet --python $(VENV)/bin/python
+PIP_INSTALL = $(UV) pip install --quiet --compile-bytecode --python $(VENV)/bin/python
+PACKAGES = schemas tokenmill producer consumer sink ops sglang_sim devstack
 
 .PHONY: demo test test-containers prerequisites check-monitoring docs lint
 
@@ -30,7 +35,10 @@ demo: prerequisites $(VENV)/.installed-local
 # the rest, with nothing beside them (exit code 5: ARGS selected none of them).
 # --durations=30: the slowest tests are visible in every run's log; and
 # --cpu-durations=30 the 30 that used the most CPU (tests/cpu_time.py).
+# The project's packages are compiled first: the tests start hundreds of
+# worker, sink and CLI processes, each of which otherwise compiles them again.
 test: prerequisites $(VENV)/.installed-test
+	$(VENV)/bin/python -m compileall -q -j 0 $(PACKAGES) bench
 	$(VENV)/bin/python -m pytest -q --durations=30 --cpu-durations=30 -m "not alone" $(ARGS)
 	$(VENV)/bin/python -m pytest -q --durations=30 --cpu-durations=30 -n 0 -m alone $(ARGS) || [ $$? -eq 5 ]
 
@@ -49,7 +57,7 @@ test-containers: prerequisites $(VENV)/.installed-test
 # Ruff's rules and mypy's strictness are in pyproject.toml.
 lint: prerequisites $(VENV)/.installed-lint
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy schemas tokenmill producer consumer sink ops sglang_sim devstack
+	$(VENV)/bin/mypy $(PACKAGES)
 
 prerequisites:
 	@$(PYTHON) -m devstack.prerequisites
