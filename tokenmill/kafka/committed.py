@@ -10,6 +10,7 @@ in the same order: what redrive and export need to be deterministic.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -103,7 +104,8 @@ def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: Offset
              timeout_s: float,
              isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[int, int]:
     """One request for every partition. A just-created topic may not have its
-    leaders yet: retry briefly."""
+    leaders yet, and a shared client's may have moved since it last looked:
+    retry briefly, with the topic's metadata asked again first."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -114,7 +116,9 @@ def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: Offset
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.2)
+            time.sleep(0.2)  # a pause between attempts, within the deadline
+            with contextlib.suppress(KafkaException):
+                admin.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
 
 
 # What a reader cannot outwait: the topic or partition is not there, or the
