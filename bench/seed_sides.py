@@ -37,7 +37,7 @@ from bench.timing import Exited, Launched
 from consumer.sglang_client import request_body
 from devstack.processes import free_port
 from schemas import GenerationSettings, PromptRecord
-from tokenmill import run_done
+from tokenmill import progress, run_done
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
 
@@ -151,28 +151,32 @@ def monitor(settings: Settings, run_id: str, total: int, procs: dict[str, Launch
     generation_done_at = 0.0
     next_status = time.time()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        started, t0 = time.time(), time.monotonic()
-        state = run_done.look(settings, run_id)
-        seconds = time.monotonic() - t0
-        share = state.generated / total if state is not None else 0.0
-        labels = marks.crossed(share) if state is not None else []
-        checks.append(Probe(started, seconds, share, state is not None, ",".join(labels)))
-        for label in labels:
-            probes.ask(share, label)
-        if not labels and time.time() >= next_status:
-            probes.ask(share)
-            next_status = time.time() + status_every_s
-        if state is not None and state.generation_done and not generation_done_at:
-            generation_done_at = time.time()
-        if state is not None and state.sink_done:
-            return generation_done_at or time.time(), time.time(), checks
-        for name, proc in procs.items():
-            exited = proc.poll_exit()
-            if exited is not None and exited.code != 0:
-                raise RuntimeError(f"{name} exited with {exited.code}; log: {proc.log}")
-        time.sleep(max(POLL_S - (time.monotonic() - t0), 0.0))
-    raise RuntimeError(f"the run was not persisted within {timeout_s:.0f}s")
+    tail = progress.ProgressTail(settings, run_id)
+    try:
+        while time.monotonic() < deadline:
+            started, t0 = time.time(), time.monotonic()
+            state = run_done.look(tail)
+            seconds = time.monotonic() - t0
+            share = state.generated / total if state is not None else 0.0
+            labels = marks.crossed(share) if state is not None else []
+            checks.append(Probe(started, seconds, share, state is not None, ",".join(labels)))
+            for label in labels:
+                probes.ask(share, label)
+            if not labels and time.time() >= next_status:
+                probes.ask(share)
+                next_status = time.time() + status_every_s
+            if state is not None and state.generation_done and not generation_done_at:
+                generation_done_at = time.time()
+            if state is not None and state.sink_done:
+                return generation_done_at or time.time(), time.time(), checks
+            for name, proc in procs.items():
+                exited = proc.poll_exit()
+                if exited is not None and exited.code != 0:
+                    raise RuntimeError(f"{name} exited with {exited.code}; log: {proc.log}")
+            time.sleep(max(POLL_S - (time.monotonic() - t0), 0.0))
+        raise RuntimeError(f"the run was not persisted within {timeout_s:.0f}s")
+    finally:
+        tail.close()
 
 
 def run_tokenmill(settings: Settings, run_id: str, files: list[Path], urls: list[str],

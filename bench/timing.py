@@ -147,17 +147,16 @@ class ProgressReached:
     For regenerate-turns runs, whose turns topic grows while they run."""
 
     def __init__(self, settings: Settings, run_id: str) -> None:
-        self.settings = settings
-        self.run_id = run_id
+        self._tail = progress.ProgressTail(settings, run_id)
 
     def __call__(self) -> bool:
         try:
-            return progress.try_read_run_progress(self.settings, self.run_id).generation_done
+            return self._tail.glance().generation_done
         except progress.ProgressUnavailable:
             return False
 
     def close(self) -> None:
-        """Nothing held between checks."""
+        self._tail.close()
 
 
 class DeliveredEnds:

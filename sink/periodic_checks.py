@@ -17,18 +17,17 @@ from sink.ownership import Ownership
 from tokenmill import run_done
 from tokenmill.kafka import fetch_stall, lag
 from tokenmill.log import get_logger
-from tokenmill.settings import Settings
+from tokenmill.progress import ProgressTail
 
 log = get_logger("tokenmill.sink")
 
 
-def check_done(settings: Settings, run: str, ownership: Ownership,
-               flush: Callable[[], None]) -> bool:
+def check_done(progress: ProgressTail, ownership: Ownership, flush: Callable[[], None]) -> bool:
     """True when every prompt of the run is persisted (by all instances).
     When nothing more can arrive, seal the open batches now instead of
     waiting for their age, and `flush` (start a round: never wait here, a
     stalled S3 must not stop heartbeats)."""
-    state = run_done.look(settings, run)
+    state = run_done.look(progress)
     if state is None:
         return False
     if state.sink_done:

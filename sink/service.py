@@ -189,13 +189,14 @@ class SinkService:
         store = ObjectStore(writer=writer, config=config, topic=self.topic,
                             settings_hash=self.spec.settings_hash, metrics=self.metrics)
         liveness = self._wire(store, committer, progress)
+        done = run_progress.ProgressTail(self.settings, config.run) if config.until_done else None
         metrics_server = None
         failure: BaseException | None = None
         try:
             if config.metrics_port:
                 metrics_server = self.metrics.serve(config.metrics_port)
             self._subscribe()
-            self._loop(liveness)
+            self._loop(liveness, done)
             liveness.heartbeat(uploading_since=self._s3_busy_since(), final=True)  # stopped
         except BaseException as exc:
             failure = exc
@@ -207,6 +208,8 @@ class SinkService:
                 self._close(store, producer, failure is not None)
             if metrics_server is not None:
                 metrics_server.shutdown()
+            if done is not None:
+                done.close()
 
     def _wire(self, store: ObjectStore, committer: Committer, progress: SinkProgress) -> Liveness:
         """Make the jobs, each with the collaborators it calls."""
@@ -289,7 +292,9 @@ class SinkService:
 
     # -- the loop ------------------------------------------------------------
 
-    def _loop(self, liveness: Liveness) -> None:
+    def _loop(self, liveness: Liveness, done: run_progress.ProgressTail | None) -> None:
+        """Until stopped; with `done` (--until-done), until it says the run
+        is persisted."""
         config = self.config
         ownership, probes, rounds = self._ownership, self._probes, self._rounds
         next_done_check = 0.0
@@ -323,10 +328,9 @@ class SinkService:
                 liveness.heartbeat(uploading_since=self._s3_busy_since())
             liveness.log_slow_s3(since=self._s3_busy_since(), uploading=rounds.uploading,
                                  probing=probes.partitions)
-            if (config.until_done and now >= next_done_check and rounds.in_flight is None
+            if (done is not None and now >= next_done_check and rounds.in_flight is None
                     and ownership.all_at_end()):
-                if check_done(self.settings, config.run, ownership,
-                              lambda: rounds.advance(start=not self._stopping)):
+                if check_done(done, ownership, lambda: rounds.advance(start=not self._stopping)):
                     return
                 next_done_check = self.clock() + config.done_check_interval_s
         # Stopping: the uploads in flight finish and commit; open batches are

@@ -5,6 +5,7 @@ consumer's and sink's committed counters."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -95,12 +96,19 @@ def read_run_progress(settings: Settings, run_id: str,
     """Every member's progress, for looking at the run: if a transaction
     stays open past `settle_s` (its owner died mid-commit), what is decided
     so far. A member's own state is read with `read_one`, which waits."""
+    raw = compacted.read_to_end(settings, topics.progress_topic(run_id), _of_run(run_id),
+                               settle_s=settle_s, stale_ok=True)
+    return _run_progress(run_id, raw)
+
+
+def _of_run(run_id: str) -> Callable[[str], bool]:
     prefix = f"{run_id}/"
-    raw = compacted.read_to_end(settings, topics.progress_topic(run_id),
-                               lambda k: k.startswith(prefix), settle_s=settle_s,
-                               stale_ok=True)
+    return lambda key: key.startswith(prefix)
+
+
+def _run_progress(run_id: str, raw: dict[str, bytes]) -> RunProgress:
     progress = RunProgress(run=run_id)
-    for key, value in raw.items():
+    for value in raw.values():
         record = decode_progress(value)
         if isinstance(record, ProducerCheckpoint):
             progress.producer = record
@@ -129,10 +137,22 @@ class ProgressUnavailable(RuntimeError):
     moving): try again later."""
 
 
-def try_read_run_progress(settings: Settings, run_id: str) -> RunProgress:
-    """A glance at the run (`read_run_progress` settling at most
-    GLANCE_SETTLE_S), with every failure of the read as ProgressUnavailable."""
-    try:
-        return read_run_progress(settings, run_id, settle_s=GLANCE_SETTLE_S)
-    except (KafkaException, TimeoutError, RuntimeError) as exc:
-        raise ProgressUnavailable(str(exc.args[0] if exc.args else exc)) from None
+class ProgressTail:
+    """Glances at the run, again and again (a member's done check): each
+    reads only what was committed since the last (compacted.Tail)."""
+
+    def __init__(self, settings: Settings, run_id: str) -> None:
+        self.run_id = run_id
+        self._tail = compacted.Tail(settings, topics.progress_topic(run_id), _of_run(run_id),
+                                    settle_s=GLANCE_SETTLE_S)
+
+    def glance(self) -> RunProgress:
+        """Every failure of the read is ProgressUnavailable; the next glance
+        goes on from what was read."""
+        try:
+            return _run_progress(self.run_id, self._tail.look())
+        except (KafkaException, TimeoutError, RuntimeError) as exc:
+            raise ProgressUnavailable(str(exc.args[0] if exc.args else exc)) from None
+
+    def close(self) -> None:
+        self._tail.close()

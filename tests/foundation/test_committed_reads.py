@@ -175,6 +175,35 @@ def test_a_read_of_keys_no_undecided_record_holds_does_not_wait(settings) -> Non
                                  few_keys=True) == {"count": b"2"}
 
 
+def test_a_tail_reads_on_from_its_last_look_and_agrees_with_a_full_read(settings) -> None:
+    """A done check's reader (compacted.Tail): each look reads only the
+    records written since the one before (the `keep` filter sees each record
+    once), takes what is decided past an open transaction, and agrees with a
+    full read at every look."""
+    topic, other = _committed_behind_an_open_transaction(settings.bootstrap_servers)
+    seen: list[str] = []
+
+    def keep(key: str) -> bool:
+        seen.append(key)
+        return True
+
+    tail = compacted.Tail(settings, topic, keep, settle_s=0.5)
+    try:
+        looked = tail.look()
+        assert looked["count"] == b"1"  # decided: before the open transaction
+        assert looked == compacted.read_to_end(settings, topic, settle_s=0.5, stale_ok=True)
+        before = len(seen)
+        assert before == 4  # the first transaction's four records
+        other.commit_transaction(30)
+        looked = tail.look()
+        assert looked["count"] == b"2" and looked["someone-else"] == b"pending"
+        assert looked == compacted.read_to_end(settings, topic)
+        assert len(seen) - before == 2, seen[before:]  # only the two records after it
+        assert tail.look() == looked and len(seen) - before == 2  # nothing new: nothing read
+    finally:
+        tail.close()
+
+
 @pytest.mark.parametrize(("code", "final"), [
     (KafkaError.NOT_COORDINATOR, False),  # a broker restarting mid-read
     (KafkaError._TRANSPORT, False),
