@@ -18,12 +18,15 @@ VENV ?= .venv
 ARGS ?=
 # uv (from PyPI, into the venv) installs the extras: the packages pip would
 # resolve, in seconds instead of minutes (CI installs them on every clean clone).
-# --compile-bytecode: uv, unlike pip, leaves the .pyc files out, and where
-# PYTHONDONTWRITEBYTECODE is set (CI's containers) Python never writes them, so
-# every process compiled its imports again: a worker's took 1.0 s of CPU, 0.5 s
-# with them. The project's own packages are compiled before the tests (below).
 UV = $(VENV)/bin/uv
-PIP_INSTALL = $(UV) pip install --quiet --compile-bytecode --python $(VENV)/bin/python
+PIP_INSTALL = $(UV) pip install --quiet --python $(VENV)/bin/python
+# uv, unlike pip, leaves the .pyc files out, and where PYTHONDONTWRITEBYTECODE
+# is set (CI's containers) Python never writes them, so every process compiled
+# its imports again: a worker's took 1.0 s of CPU, 0.5 s with them. The extras
+# that start many processes are compiled at install; the project's own packages
+# before the tests (below).
+COMPILE_test = --compile-bytecode
+COMPILE_local = --compile-bytecode
 PACKAGES = schemas tokenmill producer consumer sink ops sglang_sim devstack
 
 .PHONY: demo test test-containers prerequisites check-monitoring docs lint
@@ -71,7 +74,7 @@ $(UV): | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv
 
 $(VENV)/.installed-%: pyproject.toml | $(UV)
-	$(PIP_INSTALL) -e '.[$*]'
+	$(PIP_INSTALL) $(COMPILE_$*) -e '.[$*]'
 	@touch $@
 
 # Prometheus's own parser on the shipped rules and config, and the rules' unit

@@ -128,13 +128,13 @@ class ConsumerProcess(ServiceProcess):
 
     def __init__(self, settings: Settings, run_id: str, sglang_url: str, instance: str,
                  log_dir: Path, *extra: str, kill_at: str | None = None,
-                 faults: Sequence[str] = ()) -> None:
+                 faults: Sequence[str] = (), session_s: float = 6.0) -> None:
         """`kill_at` ("STEP:N"): die at that step of the Nth transaction;
         `faults`: more of tests/faults.py's options."""
         super().__init__([*entry(kill_at, faults), "consume", "--run", run_id,
                           "--sglang-url", sglang_url, "--instance", instance,
                           "--bootstrap-servers", settings.bootstrap_servers,
-                          "--log-format", "json", "--session-timeout", "6",
+                          "--log-format", "json", "--session-timeout", f"{session_s:g}",
                           "--commit-interval", "0.5", *extra],
                          log_dir / f"consumer-{instance}.log")
         self.instance = instance

@@ -34,6 +34,7 @@ from tests.gate import Gate, Hold
 from tests.rebalance import (
     COMMITTING,
     PHASES,
+    SESSION_S,
     Group,
     Run,
     Stage,
@@ -106,7 +107,8 @@ class Workers(Run):
             faults = ("--report-at", "transaction.committed")
         until_done = () if name.startswith("new") else ("--until-done",)
         return ConsumerProcess(self.settings, self.run_id, self.gate.url(name), name,
-                               self.tmp_path, *WORKER_ARGS, *until_done, faults=faults)
+                               self.tmp_path, *WORKER_ARGS, *until_done, faults=faults,
+                               session_s=SESSION_S)
 
     def hold(self, name: str) -> Hold:
         return self.gate.hold(callers={name})

@@ -25,6 +25,7 @@ from tests.gate import Gate, Hold
 from tests.rebalance import (
     COMMITTING,
     PHASES,
+    SESSION_S,
     Group,
     Run,
     Stage,
@@ -48,7 +49,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.s3, pytest.mark.slow, pytest.mark.
 
 PARTITIONS = 6
 BATCH = 5
-SINK_ARGS = ("--batch-size", str(BATCH), "--max-batch-age", "1", "--session-timeout", "6",
+SINK_ARGS = ("--batch-size", str(BATCH), "--max-batch-age", "1",
+             "--session-timeout", f"{SESSION_S:g}",
              "--create-bucket", "--heartbeat-interval", "120")  # no idle commits
 KINDS = ["good"] * 4 + ["trivial", "failed"]
 
