@@ -30,13 +30,12 @@ from typing import Any
 
 import msgspec
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined, unused-ignore]
 
 from producer.errors import ProducerError, ResumeMismatch
 from producer.mixing import partition_sizes, publish_order
 from producer.spool import SpoolReader, bucket_path
 from schemas.progress import ProducerCheckpoint, producer_key
-from tokenmill.kafka import clients, topics, transactions
+from tokenmill.kafka import clients, committed, topics, transactions
 from tokenmill.kafka.transactions import KafkaFatal, TransactionAborted, Transactions
 from tokenmill.log import get_logger
 from tokenmill.progress import ensure_topic, read_producer_checkpoint
@@ -141,25 +140,25 @@ class Publisher:
                 f"run {plan.run}: the committed checkpoint says {checkpoint.total:,} prompts in "
                 f"all, these inputs give {plan.total:,}; the publish order changed (a different "
                 f"tokenmill version?), so resuming would duplicate prompts. Use a new run id.")
-        committed = checkpoint.next_seq if checkpoint is not None else 0
-        if committed > from_topic:
+        checkpointed = checkpoint.next_seq if checkpoint is not None else 0
+        if checkpointed > from_topic:
             raise ResumeMismatch(
-                f"run {plan.run}: the checkpoint says {committed:,} prompts are published but "
+                f"run {plan.run}: the checkpoint says {checkpointed:,} prompts are published but "
                 f"{plan.topic} ends at seq {from_topic:,} (was the topic deleted?); refusing "
                 "to guess. Use a new run id.")
-        if committed < from_topic:
+        if checkpointed < from_topic:
             # A read_committed view of the shared progress topic can lag (another
             # service's open transaction holds it back); this run's own topic
             # cannot, and its newer checkpoint is committed with those records.
             log.warning("checkpoint view behind the prompts topic; resuming from the topic",
-                        run=plan.run, checkpoint=committed, topic=from_topic)
+                        run=plan.run, checkpoint=checkpointed, topic=from_topic)
         expected = _last_seqs(from_topic, plan.partitions)
         found = {p: seq for p, (_, seq) in tails.items()}
         if found != expected:
             raise ResumeMismatch(
                 f"run {plan.run}: the last prompt of each partition of {plan.topic} does not "
                 f"follow this run's publish order (found seqs {found}, expected {expected}).")
-        if committed == from_topic and checkpoint is not None and tuple(
+        if checkpointed == from_topic and checkpoint is not None and tuple(
                 checkpoint.per_partition) != tuple(partition_sizes(from_topic, plan.partitions)):
             raise ResumeMismatch(
                 f"run {plan.run}: the checkpoint's per-partition counts "
@@ -198,7 +197,7 @@ class Publisher:
         started = time.monotonic()
         transactions = self._transactions
         assert transactions is not None
-        committed = 0
+        commits = 0
         while seq < total:
             with transactions.transaction() as txn:
                 produce = txn.produce
@@ -222,10 +221,10 @@ class Publisher:
                     rejected=plan.rejected, duplicates=plan.duplicates)
                 txn.produce(topics.progress_topic(plan.run), msgspec.json.encode(checkpoint),
                             key=key)
-            committed += 1
+            commits += 1
             if progress is not None:
                 progress(seq)
-        log.info("published", run=plan.run, prompts=seq - start, transactions=committed,
+        log.info("published", run=plan.run, prompts=seq - start, transactions=commits,
                  seconds=round(time.monotonic() - started, 2))
         return seq - start
 
@@ -322,23 +321,13 @@ def last_records(settings: Settings, topic: str, partitions: int,
 
 
 def _watermarks(settings: Settings, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
-    """(low, high) of every partition in two batched requests. A just-created
-    topic may not have its leaders yet: retry briefly."""
+    """(low, high) of every partition in two batched requests, each retried
+    while a just-created topic has no leaders yet (committed._offsets)."""
     admin = clients.admin(settings)
     # Electing the leaders of a new topic's partitions took over 10 s on a
     # loaded broker host (NOT_LEADER_FOR_PARTITION throughout).
-    deadline = time.monotonic() + max(settings.connect_timeout_s, 30.0)
-    while True:
-        try:
-            found: dict[int, list[int]] = {p: [] for p in range(partitions)}
-            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call, unused-ignore]
-                futures = admin.list_offsets(
-                    {TopicPartition(topic, p): spec for p in range(partitions)},
-                    request_timeout=settings.connect_timeout_s)
-                for tp, future in futures.items():
-                    found[tp.partition].append(int(future.result().offset))
-            return {p: (offsets[0], offsets[1]) for p, offsets in found.items()}
-        except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    timeout_s = max(settings.connect_timeout_s, 30.0)
+    wanted = list(range(partitions))
+    lows = committed.start_offsets(admin, topic, wanted, timeout_s)
+    highs = committed.high_watermarks(admin, topic, wanted, timeout_s)
+    return {p: (lows[p], highs[p]) for p in wanted}
