@@ -18,15 +18,15 @@ VENV ?= .venv
 ARGS ?=
 # uv (from PyPI, into the venv) installs the extras: the packages pip would
 # resolve, in seconds instead of minutes (CI installs them on every clean clone).
+# --compile-bytecode: uv, unlike pip, leaves the .pyc files out, and where
+# PYTHONDONTWRITEBYTECODE is set (CI's containers) Python never writes them, so
+# every process compiled its imports again: a worker's took 1.0 s of CPU, 0.5 s
+# with them. Every extra: uv compiles only what one install adds, and the first
+# extra installed brings tokenmill's own dependencies (botocore, rich, the Kafka
+# client) for all the others. The project's packages are compiled before the
+# tests (below).
 UV = $(VENV)/bin/uv
-PIP_INSTALL = $(UV) pip install --quiet --python $(VENV)/bin/python
-# uv, unlike pip, leaves the .pyc files out, and where PYTHONDONTWRITEBYTECODE
-# is set (CI's containers) Python never writes them, so every process compiled
-# its imports again: a worker's took 1.0 s of CPU, 0.5 s with them. The extras
-# that start many processes are compiled at install; the project's own packages
-# before the tests (below).
-COMPILE_test = --compile-bytecode
-COMPILE_local = --compile-bytecode
+PIP_INSTALL = $(UV) pip install --quiet --compile-bytecode --python $(VENV)/bin/python
 PACKAGES = schemas tokenmill producer consumer sink ops sglang_sim devstack
 
 .PHONY: demo test test-containers prerequisites check-monitoring docs lint
@@ -74,7 +74,7 @@ $(UV): | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv
 
 $(VENV)/.installed-%: pyproject.toml | $(UV)
-	$(PIP_INSTALL) $(COMPILE_$*) -e '.[$*]'
+	$(PIP_INSTALL) -e '.[$*]'
 	@touch $@
 
 # Prometheus's own parser on the shipped rules and config, and the rules' unit
