@@ -8,13 +8,9 @@ is the services' start-up wait for a broker that is not up yet.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -173,33 +169,8 @@ def consumer(settings: Settings, group_id: str, extra: Mapping[str, Any] | None 
     return Consumer(config)
 
 
-# Admin clients a process keeps, one per broker address and credentials: a
-# service meets one cluster, a test process several in turn.
-SHARED_ADMINS = 4
-_admins: OrderedDict[tuple[int, str], AdminClient] = OrderedDict()
-_admins_lock = threading.Lock()
-
-
 def admin(settings: Settings) -> AdminClient:
-    """The process's admin client for this cluster, made on first use and
-    then shared. A fresh client per call paid a connection and a metadata
-    round trip each time, and its first ListOffsets could wait out
-    librdkafka's 3 s leader query: a worker's done check took 3.1 s at p99
-    in the seed run, `status` up to 5.5 s. Keyed by pid too: a forked
-    child must not use its parent's client (its threads did not fork)."""
-    config = base_config(settings)
-    identity = repr(sorted((k, v) for k, v in config.items() if k != "logger"))
-    key = (os.getpid(), hashlib.sha256(identity.encode()).hexdigest())
-    with _admins_lock:
-        client = _admins.get(key)
-        if client is None:
-            client = _admins[key] = AdminClient(config)
-            while len(_admins) > SHARED_ADMINS:
-                _admins.popitem(last=False)
-        else:
-            _admins.move_to_end(key)
-    client.poll(0)  # serves its log lines, queued until a poll (see _LOGGER)
-    return client
+    return AdminClient(base_config(settings))
 
 
 # librdkafka's errors that say the broker refused us, not that it is away.
