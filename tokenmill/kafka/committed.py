@@ -104,8 +104,8 @@ def _offsets(admin: AdminClient, topic: str, partitions: list[int], spec: Offset
              timeout_s: float,
              isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[int, int]:
     """One request for every partition. A just-created topic may not have its
-    leaders yet, and a shared client's may have moved since it last looked:
-    retry briefly, with the topic's metadata asked again first."""
+    leaders yet, and a partition's leader may move between attempts: retry
+    briefly, with the topic's metadata asked again first."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
