@@ -36,8 +36,11 @@ from tokenmill.settings import Settings
 READ_TIMEOUT_S = 600.0  # one partition; generous: a DLQ partition can hold gigabytes
 BATCH = 1000
 # A batch returns at BATCH records or after this wait: the last, short batch
-# of every partition waits it out, so keep it short.
-BATCH_WAIT_S = 0.05
+# of every partition waits it out, the end-of-partition event in it included,
+# so keep it short: at 50 ms every read of a small topic (the registry, a
+# run's progress: `status` does three) took 50 ms more than its round trips.
+# While records stream, batches still fill (librdkafka fetches ahead).
+BATCH_WAIT_S = 0.005
 # Readers that stop at the end: a fetch that finds nothing new must not sit
 # at the broker for the default 500 ms each time a partition is switched; and
 # a reader that streams a DLQ holds 16 MB ahead, not librdkafka's 64 MB.
