@@ -10,10 +10,12 @@ replay needs the dead letters (`ops/dataset/index.py`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ops.dataset.lineage import LineageError, lineage
 from ops.dataset.sources import Lineage, build_index, load_lineage
+from schemas import RunSpec
 from tokenmill.progress import GLANCE_SETTLE_S
 from tokenmill.registry import RunRegistry
 from tokenmill.settings import Settings
@@ -27,12 +29,15 @@ def counted_coverage(found: Lineage) -> tuple[int, int] | None:
     return covered, covered
 
 
-def lineage_coverage(settings: Settings, run_id: str) -> dict[str, Any] | None:
+def lineage_coverage(settings: Settings, run_id: str,
+                     specs: Mapping[str, RunSpec] | None = None) -> dict[str, Any] | None:
     """None for a run without parent or children, known from the registry
-    alone (most runs: `status` reads no counters twice for them). A glance,
-    like `status`: counters settle at most GLANCE_SETTLE_S."""
+    (`specs`, else read now) alone: most runs, for which `status` reads no
+    counters twice. A glance, like `status`: counters settle at most
+    GLANCE_SETTLE_S."""
     try:
-        specs = RunRegistry(settings).all()
+        if specs is None:
+            specs = RunRegistry(settings).all()
         if len(lineage(specs, run_id)) == 1:
             return None
         found = load_lineage(settings, run_id, settle_s=GLANCE_SETTLE_S, specs=specs)
