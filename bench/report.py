@@ -24,7 +24,7 @@ from bench.figures import Figure, Results, cpu_cell, read
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 ORDER = ("bench_simulator", "bench_producer", "bench_consumer", "bench_turns", "bench_fleet",
-         "bench_sink", "bench_seed_run", "bench_worker_memory")
+         "bench_sink", "bench_seed_run", "bench_status_launch", "bench_worker_memory")
 HEADER = ("| benchmark | tokenmill (wall clock) | baseline, same run (wall clock) | ratio "
           "| target | met | CPU-s tokenmill / baseline | method |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- |")
