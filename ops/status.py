@@ -500,7 +500,7 @@ def status(settings: Settings, run_id: str, as_json: bool, json_schema: bool, ch
                             max_truncated_share=max_truncated_share, max_dlq_share=max_dlq_share)
     registry = RunRegistry(settings)
     specs = registry.all()
-    spec = specs.get(run_id) or registry.get(run_id)  # get: UnknownRun, saying how to create it
+    spec = registry.get(run_id, specs)
     console = Console()
     unowned_since: dict[int, float] = {}
     # The group and the counters are read side by side: each is a few round

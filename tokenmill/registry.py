@@ -8,6 +8,8 @@ of a run must come from one set of settings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from schemas.run import RunSpec
@@ -65,8 +67,10 @@ class RunRegistry:
         raw = compacted.read_to_end(self._settings, topics.RUNS_TOPIC)
         return {run_id: _decoder.decode(value) for run_id, value in raw.items()}
 
-    def get(self, run_id: str) -> RunSpec:
-        spec = self.all().get(run_id)
+    def get(self, run_id: str, specs: Mapping[str, RunSpec] | None = None) -> RunSpec:
+        """The run's spec, from `specs` (a read of `all()` the caller made
+        already) or read now; UnknownRun says how to create it."""
+        spec = (self.all() if specs is None else specs).get(run_id)
         if spec is None:
             raise UnknownRun(
                 f"run {run_id!r} is not registered in {topics.RUNS_TOPIC} at "

@@ -48,8 +48,7 @@ def load_lineage(settings: Settings, run_id: str, *, settle_s: float = LOOK_SETT
     if specs is None:
         registry = RunRegistry(settings)
         specs = registry.all()
-        if run_id not in specs:
-            registry.get(run_id)  # raises UnknownRun, saying how to create one
+        registry.get(run_id, specs)  # UnknownRun, saying how to create one
     chain = lineage(specs, run_id)
     states = [read_run_progress(settings, spec.run_id, settle_s=settle_s) for spec in chain]
     return Lineage(chain, [facts_of(s, p) for s, p in zip(chain, states)], states)
