@@ -8,7 +8,7 @@ produce --gpus 7` of the seed's 913,786 prompts (1.1 GB to publish), then
 seven `tokenmill consume` workers and a sink launched together. From that
 moment, `tokenmill status --run R --json` runs one at a time, alternately
 from this checkout and from `--baseline-tree` (another checkout of
-tokenmill, e.g. `git worktree add /tmp/before HEAD~4`, run with this
+tokenmill, e.g. `git worktree add /tmp/before <commit>`, run with this
 checkout's interpreter and dependencies), for `--seconds`: both sides see
 the same launch, interleaved, and are timed the same way (process launch to
 exit, wall clock). The first look goes to the baseline.
@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,13 @@ METHOD = ("wall clock, `tokenmill status --run R --json` process launch to exit,
           "and a sink (3 brokers, 7 simulated GPUs, produce of 913,786 prompts under way)")
 
 
+class Look(msgspec.Struct):
+    side: str  # "tokenmill" (this checkout) or "baseline"
+    at: float  # seconds after the fleet's launch
+    s: float  # wall seconds, process launch to exit
+    ok: bool  # exited 0
+
+
 def look(tree: Path, run_id: str, env: dict[str, str]) -> tuple[float, bool]:
     """One `status` from `tree`: (wall seconds, exited 0)."""
     argv = [sys.executable, "-m", "tokenmill.cli", "status", "--run", run_id, "--json"]
@@ -65,11 +73,10 @@ def look(tree: Path, run_id: str, env: dict[str, str]) -> tuple[float, bool]:
     return time.monotonic() - started, done.returncode == 0
 
 
-def by_phase(looks: list[dict[str, object]], side: str) -> dict[str, dict[str, float]]:
+def by_phase(looks: list[Look], side: str) -> dict[str, dict[str, float]]:
     out = {}
     for low, high in PHASES:
-        seconds = [float(x["s"]) for x in looks  # type: ignore[arg-type]
-                   if x["side"] == side and low <= float(x["at"]) < high]  # type: ignore[arg-type]
+        seconds = [x.s for x in looks if x.side == side and low <= x.at < high]
         if seconds:
             out[f"{low:.0f}-{'' if high == float('inf') else f'{high:.0f}'} s"] = {
                 "looks": len(seconds), "max_s": round(max(seconds), 2),
@@ -98,7 +105,7 @@ def main() -> None:
     recorder = Recorder("bench_status_launch")
     work = Path(tempfile.mkdtemp(prefix="bench-status-"))
     files = generate(args.data_dir or work / "data", SEED_PROMPTS)
-    looks: list[dict[str, object]] = []
+    looks: list[Look] = []
     with bench_settings(kafka_heap="1g", brokers=3) as settings:
         env = child_env(settings)
         sims = [SimulatorProcess(seed_gpu(50.0, 32), port=free_port()) for _ in range(GPUS)]
@@ -123,17 +130,16 @@ def main() -> None:
                 side, tree = ((("baseline", baseline_tree), ("tokenmill", ROOT))[len(looks) % 2])
                 at = time.monotonic() - launched
                 seconds, ok = look(tree, run_id, env)
-                looks.append({"side": side, "at": round(at, 2), "s": round(seconds, 3),
-                              "ok": ok})
+                looks.append(Look(side, round(at, 2), round(seconds, 3), ok))
                 console.print(f"{at:6.1f} s  {side:<9} {seconds:5.2f} s{'' if ok else ' FAILED'}")
         finally:
             for proc in procs:
                 proc.proc.kill()
             for sim in sims:
                 sim.kill()
-    failed = [x for x in looks if not x["ok"]]
-    ours = [float(x["s"]) for x in looks if x["side"] == "tokenmill"]  # type: ignore[arg-type]
-    theirs = [float(x["s"]) for x in looks if x["side"] == "baseline"]  # type: ignore[arg-type]
+    failed = [x for x in looks if not x.ok]
+    ours = [x.s for x in looks if x.side == "tokenmill"]
+    theirs = [x.s for x in looks if x.side == "baseline"]
     details = {"looks": looks, "phases": {"tokenmill": by_phase(looks, "tokenmill"),
                                           "baseline": by_phase(looks, "baseline")},
                "failed": len(failed), "baseline_tree": str(baseline_tree),
