@@ -166,7 +166,8 @@ def env(settings: Settings, role: str | None) -> None:
               help="tokenmill's source checkout (its wheel goes into the tokenmill image).")
 def build_images(source: Path) -> None:
     """Build the container images locally with podman, from Debian's packages,
-    Maven Central and PyPI: base, Kafka 4.1.1 KRaft, S3 (moto) and tokenmill.
+    Maven Central and PyPI: base, Kafka 4.1.1 KRaft, S3 (moto), tokenmill's
+    dependencies and tokenmill.
     Installs and configures podman first when it is missing (root, Debian).
     Cached: images whose inputs did not change are not rebuilt.
 

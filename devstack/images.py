@@ -1,8 +1,9 @@
 """Local container images built from Debian packages, Maven Central and PyPI
 only (no image registry is needed): a base (Debian minbase with Python and a
 JRE, by debootstrap), Kafka (the jars `tokenmill dev up` fetches), an S3
-server (moto) and tokenmill itself (the Dockerfile `tokenmill deploy compose`
-writes), with podman.
+server (moto), tokenmill's dependencies, and tokenmill itself (the Dockerfile
+`tokenmill deploy compose` writes, built on the dependencies' image), with
+podman.
 
 Each image's tag is a hash of what goes into it (files, package lists, the
 base's tag), so a second build with nothing changed only asks podman whether
@@ -57,10 +58,11 @@ class Images:
     base: str
     kafka: str
     s3: str
+    deps: str
     tokenmill: str
 
     def all(self) -> list[str]:
-        return [self.base, self.kafka, self.s3, self.tokenmill]
+        return [self.base, self.kafka, self.s3, self.deps, self.tokenmill]
 
 
 def content_key(parts: Iterable[Part]) -> str:
@@ -119,6 +121,27 @@ def s3_requirements() -> list[str]:
 
     return [f"moto[s3]=={version('moto')}", f"flask=={version('flask')}",
             f"flask-cors=={version('flask-cors')}"]
+
+
+def project_requirements(source: Path) -> list[str]:
+    """tokenmill's dependencies (pyproject.toml's), pinned at the versions this
+    environment runs, as the s3 image pins moto: the image runs what the host
+    tested, and its tag changes when a version does."""
+    import re
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    declared = tomllib.loads((source / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = []
+    for requirement in declared:
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement)
+        if name is None:
+            raise ImageBuildError(f"pyproject.toml: cannot read the dependency {requirement!r}")
+        try:
+            pinned.append(f"{name.group()}=={version(name.group())}")
+        except PackageNotFoundError:
+            pinned.append(requirement)  # not installed here: pip picks a version
+    return pinned
 
 
 def _podman(*args: str, stdin: int | None = None, timeout: float = 1800) -> str:
@@ -235,22 +258,36 @@ def _build_all(source: Path, jars: Path, work_root: Path,
         s3 = _ensure("s3", [("base", base.encode()), ("moto", " ".join(requirements).encode()),
                             *directory_parts(s3_context)], on_progress, build_s3)
 
+        # tokenmill's dependencies in an image of their own, so a change to
+        # tokenmill's code rebuilds only its wheel's layer.
+        deps_context = work / "deps"
+        shutil.copytree(deploy_files.root() / "docker" / "images" / "deps", deps_context)  # type: ignore[arg-type]
+        requirements = project_requirements(source)
+
+        def build_deps(ref: str) -> None:
+            _download_wheels(requirements, deps_context / "wheels")
+            (deps_context / "wheels" / "requirements.txt").write_text("\n".join(requirements))
+            _build(ref, deps_context, base)
+
+        deps = _ensure("deps", [("base", base.encode()), ("requirements",
+                                                           "\n".join(requirements).encode()),
+                                *directory_parts(deps_context)], on_progress, build_deps)
+
         project_context = work / "tokenmill"
         project_context.mkdir()
         dockerfile = tokenmill_dockerfile(f"tokenmill-{_version(source)}-py3-none-any.whl")
         (project_context / "Dockerfile").write_text(dockerfile)
 
         def build_project(ref: str) -> None:
-            wheel = build_wheel(source, project_context)
-            _download_wheels([str(wheel)], project_context / "wheels")
-            _build(ref, project_context, base,
-                   "PIP_OPTIONS=--no-index --find-links /opt/tokenmill/context/wheels")
+            build_wheel(source, project_context)
+            # every dependency is in the deps image: pip needs no index
+            _build(ref, project_context, deps, "PIP_OPTIONS=--no-index")
 
         project = _ensure("tokenmill",
-                          [("base", base.encode()), ("Dockerfile", dockerfile.encode()),
+                          [("base", deps.encode()), ("Dockerfile", dockerfile.encode()),
                            *source_parts(source)],
                           on_progress, build_project)
-    return Images(base=base, kafka=kafka, s3=s3, tokenmill=project)
+    return Images(base=base, kafka=kafka, s3=s3, deps=deps, tokenmill=project)
 
 
 def _version(source: Path) -> str:

@@ -119,3 +119,18 @@ def test_the_image_sources_are_the_checkout_and_what_the_wheel_carries() -> None
     shipped |= set(setuptools["package-dir"].values())
     assert set(images.PACKAGES) == shipped
     assert all((images.PROJECT_ROOT / package).is_dir() for package in images.PACKAGES)
+
+
+def test_the_dependencies_image_pins_what_this_environment_runs(tmp_path: Path) -> None:
+    """The deps image (the tokenmill image's base) installs pyproject's
+    dependencies at the versions the tests ran with; its tag follows them."""
+    from importlib.metadata import version
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\ndependencies = ["msgspec>=0.18", "click >=8.1", '
+        '"no-such-package-here>=1"]\n')
+    assert images.project_requirements(tmp_path) == [
+        f"msgspec=={version('msgspec')}", f"click=={version('click')}",
+        "no-such-package-here>=1"]
+    declared = images.project_requirements(images.PROJECT_ROOT)
+    assert len(declared) >= 10 and all("==" in pin for pin in declared)
