@@ -38,9 +38,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.consume_sides import Side, plain_loop, setup_run, tokenmill_side
 from bench.figures import Figure, Recorder, console_table, median_paired_ratio, ratio
 from bench.services import bench_settings
+from bench.token_rate import TokenRate
 from schemas import GenerationSettings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
@@ -69,54 +67,6 @@ WORKER_FLAGS = ("--commit-interval", "1.0", "--retry-base", "0.1")
 METHOD = ("wall clock, process launch to last committed result (tokenmill: start-up, group "
           "join, final commit) / to last answer (plain loop, its own process, same request "
           "bodies)")
-
-
-class TokenRate:
-    """Samples the simulator's sglang:generation_tokens_total while a run goes
-    on: the server's own view of throughput, the same for every client."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
-                for line in response.read().decode().splitlines():
-                    if line.startswith("sglang:generation_tokens_total"):
-                        self.samples.append((time.monotonic(), float(line.rsplit(" ", 1)[1])))
-            time.sleep(0.25)
-
-    def __enter__(self) -> TokenRate:  # noqa: PYI034
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def steady_rate(self) -> float:
-        """Tokens/s over the middle 80% of the active window (first to last
-        token): diagnosis only, start-up and tail left out."""
-        active = [s for s in self.samples if s[1] > self.samples[0][1]]
-        last_value = self.samples[-1][1]
-        active = [s for s in active if s[1] < last_value] or active
-        t0, t1 = active[0][0], active[-1][0]
-        lo, hi = t0 + (t1 - t0) * 0.1, t1 - (t1 - t0) * 0.1
-        window = [s for s in active if lo <= s[0] <= hi]
-        if len(window) < 2:
-            return float("nan")
-        return round((window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]))
-
-    def active_s(self) -> float:
-        """Seconds from the first generated token the server counted to the
-        last: the run's generation, without the client's start-up and tail."""
-        first, last = self.samples[0][1], self.samples[-1][1]
-        rising = [t for t, v in self.samples if first < v]
-        done = [t for t, v in self.samples if v >= last]
-        return round(done[0] - rising[0], 2) if rising and done else float("nan")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,13 @@ side's processes are reported apart.
 (c) SIGTERM of one of three workers mid-run: seconds until every partition it
     owned is owned by another worker's group member (target <= 5).
 
-    python bench/bench_fleet.py [--prompts 1200] [--only a,b,c] [--out bench/results/fleet.json]
+    python bench/bench_fleet.py [--prompts 1200] [--only a,b,c] [--pairs 1]
+                                [--out bench/results/fleet.json]
+
+On 1,200 prompts (about a minute) the three workers' start-up is a large
+share of the makespan; `--only b --prompts 6000 --pairs 3` runs the equal
+fleet long enough that it is not, and reports each side's fixed cost (wall
+clock the servers did not generate) and the servers' steady-state rate apart.
 
 Kafka comes from TOKENMILL_BOOTSTRAP_SERVERS (and the other TOKENMILL_* variables) if
 set, else a private dev stack whose broker has deploy/kafka/server.properties' KIP-848
@@ -27,10 +33,15 @@ settings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -38,10 +49,11 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.consume_sides import consume_argv, plain_loop, setup_run, tokenmill_side
-from bench.figures import Figure, Recorder, console_table, ratio
+from bench.consume_sides import Side, consume_argv, plain_loop, setup_run, tokenmill_side
+from bench.figures import Figure, Recorder, console_table, median_paired_ratio, ratio
 from bench.services import bench_settings, child_env
 from bench.timing import Launched
+from bench.token_rate import TokenRate
 from devstack.processes import free_port
 from schemas import GenerationSettings
 from sglang_sim import SimulatorConfig
@@ -67,34 +79,97 @@ def gpu(decode_rate: float) -> SimulatorConfig:
                            decode_rate=decode_rate, prefill_rate=0)
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One side of one pair, with the servers' own view of it."""
+
+    side: Side
+    active_s: float  # the fleet's first generated token to its last (all servers)
+    steady_tok_s: float  # the servers' summed rate over each one's middle 80%
+
+    @property
+    def fixed_s(self) -> float:
+        """Wall clock the fleet did not generate for this side: start-up
+        before its first token and the tail after its last."""
+        return round(self.side.wall_s - self.active_s, 2)
+
+
+def metered(urls: list[str], run_side: Callable[[], Side]) -> Timed:
+    meters = [TokenRate(url) for url in urls]
+    with contextlib.ExitStack() as stack:
+        for meter in meters:
+            stack.enter_context(meter)
+        side = run_side()
+    active = (max(m.last_token_at() for m in meters)
+              - min(m.first_token_at() for m in meters))
+    return Timed(side, round(active, 2), sum(m.steady_rate() for m in meters))
+
+
 def makespan_case(settings: Settings, name: str, rates: list[float], n: int, target: float,
-                  work: Path) -> Figure:
+                  work: Path, pairs: int = 1) -> Figure:
+    """`pairs` rounds of both sides on the same servers, the order alternating
+    round by round (baseline first, then last): the verdict is the median of
+    the paired makespan ratios."""
     sims = [SimulatorProcess(gpu(rate), port=free_port()) for rate in rates]
     urls = [sim.start() for sim in sims]
+    generation = GenerationSettings(model="sim", max_tokens=MAX_TOKENS)
+    ours: list[Timed] = []
+    base: list[Timed] = []
     try:
-        generation = GenerationSettings(model="sim", max_tokens=MAX_TOKENS)
-        base = plain_loop(urls, n, CONCURRENCY, generation, work)
-        console.print(f"  {name}: shared-queue loop {base.wall_s:.1f}s")
-        run = setup_run(settings, n, PARTITIONS_PER_GPU * len(urls), MAX_TOKENS, gpus=len(urls))
-        ours = tokenmill_side(settings, run, urls, work, *WORKER_FLAGS)
-        console.print(f"  {name}: tokenmill {ours.wall_s:.1f}s")
+        for i in range(pairs):
+            for which in (("base", "ours") if i % 2 == 0 else ("ours", "base")):
+                if which == "base":
+                    base.append(metered(urls, partial(plain_loop, urls, n, CONCURRENCY,
+                                                      generation, work)))
+                    done = base[-1]
+                else:
+                    run = setup_run(settings, n, PARTITIONS_PER_GPU * len(urls), MAX_TOKENS,
+                                    gpus=len(urls))
+                    ours.append(metered(urls, partial(tokenmill_side, settings, run, urls,
+                                                      work, *WORKER_FLAGS)))
+                    done = ours[-1]
+                    if done.side.answers != n:
+                        raise RuntimeError(f"{done.side.answers} committed results for "
+                                           f"{n} prompts")
+                console.print(f"  {name}: pair {i + 1}/{pairs}, "
+                              f"{'shared-queue loop' if which == 'base' else 'tokenmill'} "
+                              f"{done.side.wall_s:.1f}s (fixed cost {done.fixed_s:.1f}s)")
     finally:
         for sim in sims:
             sim.terminate()
-    if ours.answers != n:
-        raise RuntimeError(f"{ours.answers} committed results for {n} prompts")
-    share = ratio(ours.wall_s, base.wall_s)
+    share = median_paired_ratio([o.side.wall_s for o in ours], [b.side.wall_s for b in base])
     return Figure(name=f"{name}, {n:,} prompts, makespan", unit="s",
-                  tokenmill=round(ours.wall_s, 2), baseline=round(base.wall_s, 2),
+                  tokenmill=round(statistics.median(o.side.wall_s for o in ours), 2),
+                  baseline=round(statistics.median(b.side.wall_s for b in base), 2),
                   baseline_name="plain asyncio loop, one shared queue over the 3 servers",
                   ratio=share, target=f"<= {target} x baseline", met=share <= target,
-                  method=METHOD, tokenmill_wall_s=round(ours.wall_s, 2),
-                  baseline_wall_s=round(base.wall_s, 2), tokenmill_cpu_s=round(ours.cpu_s, 1),
-                  baseline_cpu_s=round(base.cpu_s, 1),
+                  method=METHOD + (f"; {pairs} alternating pairs, the median of the paired "
+                                   "ratios" if pairs > 1 else ""),
+                  tokenmill_wall_s=round(statistics.median(o.side.wall_s for o in ours), 2),
+                  baseline_wall_s=round(statistics.median(b.side.wall_s for b in base), 2),
+                  tokenmill_cpu_s=round(statistics.median(o.side.cpu_s for o in ours), 1),
+                  baseline_cpu_s=round(statistics.median(b.side.cpu_s for b in base), 1),
                   details={"decode_rates": rates, "time_scale": TIME_SCALE,
                            "partitions": PARTITIONS_PER_GPU * len(urls),
                            "worker_flags": " ".join(WORKER_FLAGS),
-                           **({"notes": ours.notes} if ours.notes else {})})
+                           "pairs": pairs,
+                           "paired_ratios": [ratio(o.side.wall_s, b.side.wall_s)
+                                             for o, b in zip(ours, base, strict=True)],
+                           "steady_state_ratio": median_paired_ratio(
+                               [o.steady_tok_s for o in ours], [b.steady_tok_s for b in base]),
+                           "steady_state_tok_s_tokenmill": [o.steady_tok_s for o in ours],
+                           "steady_state_tok_s_baseline": [b.steady_tok_s for b in base],
+                           "fixed_cost_s_tokenmill": [o.fixed_s for o in ours],
+                           "fixed_cost_s_baseline": [b.fixed_s for b in base],
+                           "fixed_cost_share_tokenmill": [round(o.fixed_s / o.side.wall_s, 4)
+                                                          for o in ours],
+                           "steady_state_method": "each server's "
+                               "sglang:generation_tokens_total over its middle 80% (first to "
+                               "last token), summed over the servers",
+                           "fixed_cost_method": "wall clock less the fleet's active window "
+                                                "(first token on any server to the last)",
+                           **({"notes": [n for o in ours for n in o.side.notes]}
+                              if any(o.side.notes for o in ours) else {})})
 
 
 def handover_case(settings: Settings, n: int, work: Path) -> Figure:
@@ -155,6 +230,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=1200)
     parser.add_argument("--only", default="a,b,c")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="(a), (b): rounds of both sides, alternating which goes first; "
+                             "the verdict is the median of the paired ratios")
     parser.add_argument("--out", type=Path, default=None, help="write the raw results (JSON)")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -165,10 +243,10 @@ def main() -> None:
     with bench_settings() as settings:
         if "a" in only:
             figures.append(makespan_case(settings, "fleet (a) mixed fleet 60/60/20 tok/s",
-                                         [60, 60, 20], args.prompts, 1.10, work))
+                                         [60, 60, 20], args.prompts, 1.10, work, args.pairs))
         if "b" in only:
             figures.append(makespan_case(settings, "fleet (b) equal fleet 60/60/60 tok/s",
-                                         [60, 60, 60], args.prompts, 1.02, work))
+                                         [60, 60, 60], args.prompts, 1.02, work, args.pairs))
         if "c" in only:
             figures.append(handover_case(settings, args.prompts * 2, work))
     recorder.write(args.out, figures)
