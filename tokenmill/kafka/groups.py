@@ -39,6 +39,8 @@ log = get_logger("tokenmill.kafka.groups")
 
 GroupProtocol = Literal["consumer", "classic"]
 CLASSIC_SESSION_TIMEOUT_S = 30.0
+CONFIG_VISIBLE_S = 5.0  # for a new group config to be described by the broker
+CONFIG_POLL_S = 0.05
 
 
 def member_config(protocol: GroupProtocol, *, client_id: str,
@@ -80,12 +82,40 @@ def set_session_timeout(admin: AdminClient, group: str, seconds: float,
         for future in admin.incremental_alter_configs([resource],
                                                       request_timeout=timeout_s).values():
             future.result()
-        return True
     except KafkaException as exc:
         log.warning("could not set the group's session timeout; the broker's default applies",
                     group=group, session_timeout_s=seconds,
                     error=str(exc.args[0] if exc.args else exc))
         return False
+    _await_session_timeout(admin, group, session_ms)
+    return True
+
+
+def _await_session_timeout(admin: AdminClient, group: str, session_ms: int) -> None:
+    """Wait (within CONFIG_VISIBLE_S) until the broker describes the group's
+    new session timeout. The write returns once the controller took it; the
+    coordinator applies it when the record reaches its broker, and it sets a
+    member's session at each heartbeat. A member that joined first and died
+    before its next heartbeat kept its partitions for the broker's default
+    (20 s here instead of 6 s; a CI run's sink taking over waited for it)."""
+    deadline = time.monotonic() + CONFIG_VISIBLE_S
+    wanted = str(session_ms)
+    while True:
+        try:
+            futures = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)],
+                                             request_timeout=CONFIG_VISIBLE_S)
+            entries = next(iter(futures.values())).result()
+            entry = entries.get("consumer.session.timeout.ms")
+            if entry is not None and entry.value == wanted:
+                return
+        except KafkaException:
+            pass  # described below, once the wait is over
+        if time.monotonic() >= deadline:
+            log.warning("the group's session timeout is not in effect yet; a member that "
+                        "dies before its next heartbeat keeps its partitions for the "
+                        "broker's default", group=group, session_timeout_ms=session_ms)
+            return
+        time.sleep(CONFIG_POLL_S)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,11 @@ from tokenmill.log import get_logger
 log = get_logger("tokenmill.kafka")
 
 COMMITTED_WAIT_S = 45.0
+# One committed() attempt: librdkafka retries "unstable" inside it, so an
+# attempt as long as the caller's timeout (10 s) hid an undecided transaction
+# that ended within it (a CI run's heir assigned 11 s into a 20 s transaction
+# timeout logged no wait at all).
+ATTEMPT_S = 2.0
 
 Start = dict[tuple[str, int], int | None]  # (topic, partition) -> committed offset, None: none
 
@@ -51,23 +56,38 @@ def committed_offsets(consumer: Consumer, partitions: Sequence[TopicPartition], 
     """The group's committed offset of each partition (None: nothing
     committed), once no transaction holds it undecided. Raises
     KafkaException when it stays unreadable past `wait_s`, or fails
-    otherwise; the caller bounds the whole wait with its watchdog."""
+    otherwise; the caller bounds the whole wait with its watchdog.
+
+    Each attempt gets at most ATTEMPT_S (`timeout_s` when shorter): an
+    undecided transaction is reported within seconds of the assignment,
+    not after a whole `timeout_s`, and the wait's length is logged when it
+    ends (what a member taking over from one that died mid-commit spent)."""
     tps = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
+    attempt_s = min(timeout_s, ATTEMPT_S)
+    waited = False
     while True:
         try:
-            found = consumer.committed(tps, timeout=timeout_s)
+            found = consumer.committed(tps, timeout=attempt_s)
             break
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            if not waited_out(error) or time.monotonic() + timeout_s > deadline:
+            if not waited_out(error) or time.monotonic() + attempt_s > deadline:
                 raise
-            log.warning("committed offsets not readable yet: the partitions' last owner may "
-                        "have died inside a transaction; waiting for it to be aborted", who=who,
-                        error=error.name(),
-                        partitions=sorted(f"{tp.topic.rsplit('.', 1)[-1]}-{tp.partition}"
-                                          for tp in tps))
+            if not waited:
+                log.warning("committed offsets not readable yet: the partitions' last owner "
+                            "may have died inside a transaction; waiting for it to be aborted",
+                            who=who, error=error.name(), partitions=_names(tps))
+                waited = True
+    if waited:
+        log.info("committed offsets read after waiting", who=who, partitions=_names(tps),
+                 waited_s=round(time.monotonic() - started, 1))
     return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+
+def _names(tps: Sequence[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic.rsplit('.', 1)[-1]}-{tp.partition}" for tp in tps)
 
 
 def place(partitions: Sequence[TopicPartition], start: Start) -> None:
