@@ -30,9 +30,9 @@ log = get_logger("tokenmill.kafka")
 
 COMMITTED_WAIT_S = 45.0
 # One committed() attempt: librdkafka retries "unstable" inside it, so an
-# attempt as long as the caller's timeout (10 s) hid an undecided transaction
-# that ended within it (a CI run's heir assigned 11 s into a 20 s transaction
-# timeout logged no wait at all).
+# attempt as long as the caller's timeout (10 s) hid a wait for an undecided
+# transaction that ended within it: an heir assigned less than 10 s before
+# the abort logged nothing of it.
 ATTEMPT_S = 2.0
 
 Start = dict[tuple[str, int], int | None]  # (topic, partition) -> committed offset, None: none
