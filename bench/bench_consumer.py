@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.consume_sides import Side, plain_loop, setup_run, tokenmill_side
 from bench.figures import Figure, Recorder, console_table, median_paired_ratio, ratio
 from bench.services import bench_settings
-from bench.token_rate import TokenRate
+from bench.token_rate import TokenRate, split_details
 from schemas import GenerationSettings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
@@ -138,8 +138,6 @@ def tokens_figure(name: str, ours: list[Measured], base: list[Measured], target:
     steady state (the server's own rate, middle 80%) and each side's fixed
     cost (wall clock the server did not generate) are reported apart."""
     share = median_paired_ratio([m.tok_s for m in ours], [m.tok_s for m in base])
-    steady = median_paired_ratio([m.steady_tok_s for m in ours],
-                                 [m.steady_tok_s for m in base])
     rate = statistics.median(m.tok_s for m in ours)
     base_rate = statistics.median(m.tok_s for m in base)
     return Figure(
@@ -155,16 +153,11 @@ def tokens_figure(name: str, ours: list[Measured], base: list[Measured], target:
         baseline_cpu_s=round(statistics.median(m.side.cpu_s for m in base), 1),
         details={"pairs": len(ours),
                  "paired_ratios": [ratio(o.tok_s, b.tok_s) for o, b in zip(ours, base)],
-                 "steady_state_ratio": steady,
-                 "steady_state_tok_s_tokenmill": [m.steady_tok_s for m in ours],
-                 "steady_state_tok_s_baseline": [m.steady_tok_s for m in base],
-                 "fixed_cost_s_tokenmill": [m.fixed_s for m in ours],
-                 "fixed_cost_s_baseline": [m.fixed_s for m in base],
-                 "fixed_cost_share_tokenmill": [round(m.fixed_s / m.side.wall_s, 4)
-                                                for m in ours],
-                 "steady_state_method": "server's sglang:generation_tokens_total, middle 80% "
-                                        "of the active window (first to last token)",
-                 "fixed_cost_method": "wall clock less the server's active window",
+                 **split_details(
+                     ours, base,
+                     steady_method="server's sglang:generation_tokens_total, middle 80% of "
+                                   "the active window (first to last token)",
+                     fixed_method="wall clock less the server's active window"),
                  **({"notes": [n for m in ours for n in m.side.notes]}
                     if any(m.side.notes for m in ours) else {}),
                  **extra})

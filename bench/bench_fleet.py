@@ -53,7 +53,7 @@ from bench.consume_sides import Side, consume_argv, plain_loop, setup_run, token
 from bench.figures import Figure, Recorder, console_table, median_paired_ratio, ratio
 from bench.services import bench_settings, child_env
 from bench.timing import Launched
-from bench.token_rate import TokenRate
+from bench.token_rate import TokenRate, split_details
 from devstack.processes import free_port
 from schemas import GenerationSettings
 from sglang_sim import SimulatorConfig
@@ -155,19 +155,13 @@ def makespan_case(settings: Settings, name: str, rates: list[float], n: int, tar
                            "pairs": pairs,
                            "paired_ratios": [ratio(o.side.wall_s, b.side.wall_s)
                                              for o, b in zip(ours, base, strict=True)],
-                           "steady_state_ratio": median_paired_ratio(
-                               [o.steady_tok_s for o in ours], [b.steady_tok_s for b in base]),
-                           "steady_state_tok_s_tokenmill": [o.steady_tok_s for o in ours],
-                           "steady_state_tok_s_baseline": [b.steady_tok_s for b in base],
-                           "fixed_cost_s_tokenmill": [o.fixed_s for o in ours],
-                           "fixed_cost_s_baseline": [b.fixed_s for b in base],
-                           "fixed_cost_share_tokenmill": [round(o.fixed_s / o.side.wall_s, 4)
-                                                          for o in ours],
-                           "steady_state_method": "each server's "
-                               "sglang:generation_tokens_total over its middle 80% (first to "
-                               "last token), summed over the servers",
-                           "fixed_cost_method": "wall clock less the fleet's active window "
-                                                "(first token on any server to the last)",
+                           **split_details(
+                               ours, base,
+                               steady_method="each server's sglang:generation_tokens_total "
+                                             "over its middle 80% (first to last token), "
+                                             "summed over the servers",
+                               fixed_method="wall clock less the fleet's active window "
+                                            "(first token on any server to the last)"),
                            **({"notes": [n for o in ours for n in o.side.notes]}
                               if any(o.side.notes for o in ours) else {})})
 

@@ -8,6 +8,11 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
+from typing import Protocol
+
+from bench.consume_sides import Side
+from bench.figures import median_paired_ratio
 
 
 class TokenRate:
@@ -64,3 +69,33 @@ class TokenRate:
         """Seconds from the first generated token the server counted to the
         last: the run's generation, without the client's start-up and tail."""
         return round(self.last_token_at() - self.first_token_at(), 2)
+
+
+class Split(Protocol):
+    """One side of one pair, split by its server(s)' token counters."""
+
+    @property
+    def side(self) -> Side: ...
+
+    @property
+    def steady_tok_s(self) -> float: ...
+
+    @property
+    def fixed_s(self) -> float: ...
+
+
+def split_details(ours: Sequence[Split], base: Sequence[Split], *, steady_method: str,
+                  fixed_method: str) -> dict[str, object]:
+    """The figure's details that tell the steady state from the fixed cost
+    (start-up and tail), for pairs where ours[i] ran beside base[i]."""
+    return {
+        "steady_state_ratio": median_paired_ratio([o.steady_tok_s for o in ours],
+                                                  [b.steady_tok_s for b in base]),
+        "steady_state_tok_s_tokenmill": [o.steady_tok_s for o in ours],
+        "steady_state_tok_s_baseline": [b.steady_tok_s for b in base],
+        "fixed_cost_s_tokenmill": [o.fixed_s for o in ours],
+        "fixed_cost_s_baseline": [b.fixed_s for b in base],
+        "fixed_cost_share_tokenmill": [round(o.fixed_s / o.side.wall_s, 4) for o in ours],
+        "steady_state_method": steady_method,
+        "fixed_cost_method": fixed_method,
+    }
