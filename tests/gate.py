@@ -12,7 +12,8 @@ otherwise:
         gate.wait(lambda: gate.count("victim").held >= 3, 30, "the victim's requests held")
         early.release()                     # the held ones go on; new ones pass
         early.again()                       # ... until it holds again
-        gate.fail(400, "...")               # every chat request now fails ...
+        gate.fail(400, "...")               # every chat request now fails (held ones
+                                            # too, when released) ...
         gate.pass_through()                 # ... and passes again
         s3 = gate.hold(paths=("/bucket/",), methods={"PUT"})  # in front of S3: uploads
 
@@ -237,13 +238,9 @@ class Gate:
         count = self._counts.setdefault(caller, Count())
         count.seen += 1
         body = await request.read()
-        failing = self.failing
-        if failing is not None and any(request.path.startswith(p) for p in failing[2]):
-            count.failed += 1
-            status, message = failing[0], failing[1]
-            return web.json_response({"object": "error", "message": message,
-                                      "type": "BadRequestError", "param": None,
-                                      "code": status}, status=status)
+        failure = self._failure(count, request)
+        if failure is not None:
+            return failure
         count.pending += 1
         try:
             for rule in self.holds:
@@ -253,9 +250,24 @@ class Gate:
                 if rule.matched > rule.after and not await self._held(rule, count, request):
                     count.abandoned += 1
                     return web.Response(status=499)
+                # released into a failing server: it fails like any new request
+                failure = self._failure(count, request)
+                if failure is not None:
+                    return failure
             return await self._forward(caller, count, request, body)
         finally:
             count.pending -= 1
+
+    def _failure(self, count: Count, request: web.Request) -> web.Response | None:
+        """The error answer while `fail` is in force for this path, else None."""
+        failing = self.failing
+        if failing is None or not any(request.path.startswith(p) for p in failing[2]):
+            return None
+        count.failed += 1
+        status, message = failing[0], failing[1]
+        return web.json_response({"object": "error", "message": message,
+                                  "type": "BadRequestError", "param": None,
+                                  "code": status}, status=status)
 
     async def _held(self, rule: Hold, count: Count, request: web.Request) -> bool:
         """Wait for the rule's release; False if the client hung up first."""
