@@ -38,17 +38,17 @@ import argparse
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.consume_sides import Side, plain_loop, setup_run, tokenmill_side
+from bench.consume_sides import plain_loop, setup_run, tokenmill_side
 from bench.figures import Figure, Recorder, console_table, median_paired_ratio, ratio
 from bench.services import bench_settings
-from bench.token_rate import TokenRate, split_details
+from bench.token_rate import Measured, measured, split_details
 from schemas import GenerationSettings
 from sglang_sim import SimulatorConfig
 from sglang_sim.runner import SimulatorProcess
@@ -69,39 +69,23 @@ METHOD = ("wall clock, process launch to last committed result (tokenmill: start
           "bodies)")
 
 
-@dataclass(frozen=True)
-class Measured:
-    side: Side
-    steady_tok_s: float  # the server's rate over the middle 80% (diagnosis)
-    active_s: float  # first to last token the server counted
-
-    @property
-    def tok_s(self) -> float:
-        return self.side.completion_tokens / self.side.wall_s
-
-    @property
-    def fixed_s(self) -> float:
-        """Wall clock the server was not generating for this side: start-up
-        before the first token and the tail after the last."""
-        return round(self.side.wall_s - self.active_s, 2)
-
-
 def measured_tokenmill(settings: Settings, config: SimulatorConfig, n: int, partitions: int,
                        max_tokens: int, work: Path, *flags: str) -> Measured:
-    with SimulatorProcess(config) as sim, TokenRate(sim.base_url) as meter:
+    with SimulatorProcess(config) as sim:
         run = setup_run(settings, n, partitions, max_tokens)
-        side = tokenmill_side(settings, run, [sim.base_url], work, *WORKER_FLAGS, *flags)
-    if side.answers != n:
-        raise RuntimeError(f"{side.answers} committed results for {n} prompts")
-    return Measured(side, meter.steady_rate(), meter.active_s())
+        m = measured([sim.base_url], partial(tokenmill_side, settings, run, [sim.base_url],
+                                             work, *WORKER_FLAGS, *flags))
+    if m.side.answers != n:
+        raise RuntimeError(f"{m.side.answers} committed results for {n} prompts")
+    return m
 
 
 def measured_plain_loop(config: SimulatorConfig, n: int, concurrency: int, max_tokens: int,
                         work: Path) -> Measured:
-    with SimulatorProcess(config) as sim, TokenRate(sim.base_url) as meter:
-        side = plain_loop([sim.base_url], n, concurrency,
-                          GenerationSettings(model="sim", max_tokens=max_tokens), work)
-    return Measured(side, meter.steady_rate(), meter.active_s())
+    with SimulatorProcess(config) as sim:
+        return measured([sim.base_url], partial(
+            plain_loop, [sim.base_url], n, concurrency,
+            GenerationSettings(model="sim", max_tokens=max_tokens), work))
 
 
 def bench_a(settings: Settings, n: int, work: Path) -> Figure:

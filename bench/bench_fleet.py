@@ -33,14 +33,11 @@ settings.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -49,11 +46,11 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.consume_sides import Side, consume_argv, plain_loop, setup_run, tokenmill_side
+from bench.consume_sides import consume_argv, plain_loop, setup_run, tokenmill_side
 from bench.figures import Figure, Recorder, console_table, median_paired_ratio, ratio
 from bench.services import bench_settings, child_env
 from bench.timing import Launched
-from bench.token_rate import TokenRate, split_details
+from bench.token_rate import Measured, measured, split_details
 from devstack.processes import free_port
 from schemas import GenerationSettings
 from sglang_sim import SimulatorConfig
@@ -79,32 +76,6 @@ def gpu(decode_rate: float) -> SimulatorConfig:
                            decode_rate=decode_rate, prefill_rate=0)
 
 
-@dataclass(frozen=True)
-class Timed:
-    """One side of one pair, with the servers' own view of it."""
-
-    side: Side
-    active_s: float  # the fleet's first generated token to its last (all servers)
-    steady_tok_s: float  # the servers' summed rate over each one's middle 80%
-
-    @property
-    def fixed_s(self) -> float:
-        """Wall clock the fleet did not generate for this side: start-up
-        before its first token and the tail after its last."""
-        return round(self.side.wall_s - self.active_s, 2)
-
-
-def metered(urls: list[str], run_side: Callable[[], Side]) -> Timed:
-    meters = [TokenRate(url) for url in urls]
-    with contextlib.ExitStack() as stack:
-        for meter in meters:
-            stack.enter_context(meter)
-        side = run_side()
-    active = (max(m.last_token_at() for m in meters)
-              - min(m.first_token_at() for m in meters))
-    return Timed(side, round(active, 2), sum(m.steady_rate() for m in meters))
-
-
 def makespan_case(settings: Settings, name: str, rates: list[float], n: int, target: float,
                   work: Path, pairs: int = 1) -> Figure:
     """`pairs` rounds of both sides on the same servers, the order alternating
@@ -113,19 +84,19 @@ def makespan_case(settings: Settings, name: str, rates: list[float], n: int, tar
     sims = [SimulatorProcess(gpu(rate), port=free_port()) for rate in rates]
     urls = [sim.start() for sim in sims]
     generation = GenerationSettings(model="sim", max_tokens=MAX_TOKENS)
-    ours: list[Timed] = []
-    base: list[Timed] = []
+    ours: list[Measured] = []
+    base: list[Measured] = []
     try:
         for i in range(pairs):
             for which in (("base", "ours") if i % 2 == 0 else ("ours", "base")):
                 if which == "base":
-                    base.append(metered(urls, partial(plain_loop, urls, n, CONCURRENCY,
+                    base.append(measured(urls, partial(plain_loop, urls, n, CONCURRENCY,
                                                       generation, work)))
                     done = base[-1]
                 else:
                     run = setup_run(settings, n, PARTITIONS_PER_GPU * len(urls), MAX_TOKENS,
                                     gpus=len(urls))
-                    ours.append(metered(urls, partial(tokenmill_side, settings, run, urls,
+                    ours.append(measured(urls, partial(tokenmill_side, settings, run, urls,
                                                       work, *WORKER_FLAGS)))
                     done = ours[-1]
                     if done.side.answers != n:

@@ -5,11 +5,12 @@ steady state)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from bench.consume_sides import Side
 from bench.figures import median_paired_ratio
@@ -71,20 +72,39 @@ class TokenRate:
         return round(self.last_token_at() - self.first_token_at(), 2)
 
 
-class Split(Protocol):
-    """One side of one pair, split by its server(s)' token counters."""
+@dataclass(frozen=True)
+class Measured:
+    """One side of one run, with its server(s)' own view of it."""
+
+    side: Side
+    steady_tok_s: float  # the servers' summed rate over each one's middle 80%
+    active_s: float  # first generated token on any server to the last
 
     @property
-    def side(self) -> Side: ...
+    def tok_s(self) -> float:
+        return self.side.completion_tokens / self.side.wall_s
 
     @property
-    def steady_tok_s(self) -> float: ...
+    def fixed_s(self) -> float:
+        """Wall clock no server generated for this side: start-up before the
+        first token and the tail after the last."""
+        return round(self.side.wall_s - self.active_s, 2)
 
-    @property
-    def fixed_s(self) -> float: ...
+
+def measured(urls: Sequence[str], run_side: Callable[[], Side]) -> Measured:
+    """`run_side()` with the token counters of the servers at `urls` sampled
+    around it."""
+    meters = [TokenRate(url) for url in urls]
+    with contextlib.ExitStack() as stack:
+        for meter in meters:
+            stack.enter_context(meter)
+        side = run_side()
+    active = (max(m.last_token_at() for m in meters)
+              - min(m.first_token_at() for m in meters))
+    return Measured(side, sum(m.steady_rate() for m in meters), round(active, 2))
 
 
-def split_details(ours: Sequence[Split], base: Sequence[Split], *, steady_method: str,
+def split_details(ours: Sequence[Measured], base: Sequence[Measured], *, steady_method: str,
                   fixed_method: str) -> dict[str, object]:
     """The figure's details that tell the steady state from the fixed cost
     (start-up and tail), for pairs where ours[i] ran beside base[i]."""

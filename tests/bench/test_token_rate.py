@@ -31,23 +31,16 @@ def test_a_counter_that_never_rose_has_no_window() -> None:
 
 
 def test_split_details_pairs_each_run_with_its_own_baseline() -> None:
-    from dataclasses import dataclass
-
     from bench.consume_sides import Side
-    from bench.token_rate import split_details
+    from bench.token_rate import Measured, split_details
 
-    @dataclass(frozen=True)
-    class Run:
-        side: Side
-        steady_tok_s: float
-        fixed_s: float
+    def run(wall_s: float, steady: float, active_s: float) -> Measured:
+        return Measured(Side(wall_s, 1.0, 10, 100), steady, active_s)
 
-    def run(wall_s: float, steady: float, fixed: float) -> Run:
-        return Run(Side(wall_s, 1.0, 10, 100), steady, fixed)
-
-    details = split_details([run(100, 110, 2), run(100, 90, 4)], [run(99, 100, 1),
-                                                                 run(99, 100, 1)],
+    details = split_details([run(100, 110, 98), run(100, 90, 96)],
+                            [run(99, 100, 98), run(99, 100, 98)],
                             steady_method="s", fixed_method="f")
     assert details["steady_state_ratio"] == 1.0  # median of 1.1 and 0.9
+    assert details["fixed_cost_s_tokenmill"] == [2, 4]
     assert details["fixed_cost_share_tokenmill"] == [0.02, 0.04]
     assert details["fixed_cost_s_baseline"] == [1, 1]
