@@ -262,15 +262,15 @@ def _build_all(source: Path, jars: Path, work_root: Path,
         # tokenmill's code rebuilds only its wheel's layer.
         deps_context = work / "deps"
         shutil.copytree(deploy_files.root() / "docker" / "images" / "deps", deps_context)  # type: ignore[arg-type]
-        requirements = project_requirements(source)
+        pins = project_requirements(source)
 
         def build_deps(ref: str) -> None:
-            _download_wheels(requirements, deps_context / "wheels")
-            (deps_context / "wheels" / "requirements.txt").write_text("\n".join(requirements))
+            _download_wheels(pins, deps_context / "wheels")
+            (deps_context / "wheels" / "requirements.txt").write_text("\n".join(pins))
             _build(ref, deps_context, base)
 
         deps = _ensure("deps", [("base", base.encode()), ("requirements",
-                                                           "\n".join(requirements).encode()),
+                                                           "\n".join(pins).encode()),
                                 *directory_parts(deps_context)], on_progress, build_deps)
 
         project_context = work / "tokenmill"
