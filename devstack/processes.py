@@ -4,6 +4,7 @@ stop the whole process group, leave nothing behind."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,7 +35,37 @@ def require_free(host: str, port: int, what: str, flag: str) -> None:
         )
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTENER_PORTS_FROM = 10000  # above the ports Ceph's daemons pick (6800-7300)
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections and bind(0)."""
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def listener_ports(ephemeral: tuple[int, int]) -> range:
+    """Where `free_port` picks: the larger span outside the ephemeral range."""
+    low, high = ephemeral
+    below, above = range(LISTENER_PORTS_FROM, low), range(high + 1, 65536)
+    return below if len(below) >= len(above) else above
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, outside the ephemeral range: a listener restarted on
+    it later (a broker a test stops and starts) cannot find it taken by some
+    client's outgoing connection, as it could a port bind(0) handed out (a CI
+    run's broker restart failed on "Address already in use" that way)."""
+    ports = listener_ports(ephemeral_range())
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        port = chooser.choice(ports) if ports else 0
+        if port and port_free(host, port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
