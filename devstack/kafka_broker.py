@@ -151,16 +151,17 @@ class NodePlan:
         return f"{self.node.host}:{self.node.kafka_port}"
 
 
-# The JIT's first tier only and the serial collector, for brokers that live
-# a few minutes (a test's private stack, the demo): about half the CPU (a
-# third less to start; tests/liveness/test_broker_faults.py's broker,
-# restarted three times: 20 CPU seconds instead of 42), CPU that a test
-# suite's other processes get on a 2-core machine. Not for a broker that
-# serves a loaded machine for long: the test session's shared broker on it
-# twice reported "No leaders found" in one CI run (its 3 s dev session with
-# its own controller, DEV_LIVENESS, outlasted by the serial collector's
-# pauses or the slower code: not proven which), so that one, `dev up` and
-# the benchmarks keep the server JVM.
+# The JIT's first tier only and the serial collector, for brokers of a test
+# session and for those that live a few minutes (a test's private stack, the
+# demo): about half the CPU (a third less to start; tests/liveness/
+# test_broker_faults.py's broker, restarted three times: 20 CPU seconds
+# instead of 42; the session's shared broker under tests/dataset and
+# tests/producer, 47 s: 12.2 CPU seconds instead of 20.0), CPU that a test
+# suite's other processes get on a 2-core machine. The shared broker once
+# ran the server JVM after two "No leaders found" in one CI run on the quick
+# one; those were its own controller fencing it (DEV_LIVENESS's 3 s
+# session, which it no longer has). `dev up` and the benchmarks keep the
+# server JVM: a broker serving a long run spends less on compiled code.
 QUICK_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 SERVER_JVM = ("-XX:+UseG1GC", "-XX:+UseStringDeduplication")
 
@@ -233,6 +234,17 @@ broker.heartbeat.interval.ms=750
 """
 
 
+# Every dev stack: the active controller appends a no-op record to the
+# metadata log every 500 ms by default (KIP-835: lag metrics nobody reads
+# here), which every node writes, flushes and applies; about a sixth of an
+# idle dev broker's CPU (one quick-JVM broker idle for 30 s: 3.43 CPU seconds,
+# 2.83 without; three: 7.52 and 6.31). The shipped config keeps the default.
+DEV_QUIET = """
+# dev stack only (devstack/kafka_broker.py): no idle no-op metadata records
+metadata.max.idle.interval.ms=0
+"""
+
+
 def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str, *,
             configure: Callable[[NodePlan, str], str] | None = None,
             format_args: Sequence[str] = ()) -> None:
@@ -245,7 +257,7 @@ def prepare(plans: Sequence[NodePlan], lib: Path, cluster: str, *,
     for plan in plans:
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
         properties = kraft.server_properties(
-            nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster) + (
+            nodes, plan.node, data_dir=str(plan.data_dir), cluster_id=cluster) + DEV_QUIET + (
             DEV_LIVENESS if plan.quick_restart else "")
         plan.config_path.write_text(configure(plan, properties) if configure else properties)
         if configure is not None:

@@ -11,8 +11,8 @@ Where they come from:
    whole session however many xdist workers it has: the first worker that
    needs it starts it (under a file lock in a directory the controller
    made), the others find it there, and the controller stops it at the end.
-   Its broker runs the server JVM: it serves the whole suite for 15
-   minutes (devstack/kafka_broker.py QUICK_JVM says why). On a run of the
+   Its broker runs the quick JVM, like the tests' private brokers
+   (devstack/kafka_broker.py QUICK_JVM says what it saves). On a run of the
    whole suite the controller starts it (and the real
    object store below) itself, in the background while the test processes
    start and collect, so that the first tests find them up.
@@ -292,10 +292,12 @@ def _shared_stack() -> StackState:
         state = stack.read_state(shared / "stack")
         if state is None or not all(stack.running(state).values()):
             # never killed, and busy under the whole suite: Kafka's own
-            # broker session (devstack/kafka_broker.py DEV_LIVENESS)
+            # broker session (devstack/kafka_broker.py DEV_LIVENESS); the
+            # quick JVM (QUICK_JVM says what it saves)
             state, _ = stack.up(stack.StackPlan.on_free_ports(shared / "stack",
                                                               kafka_heap="768m",
-                                                              quick_restart=False))
+                                                              quick_restart=False,
+                                                              quick_jvm=True))
     return state
 
 
