@@ -40,9 +40,15 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # pyproject.toml's packages and shipped folders: what tokenmill's wheel carries.
 PACKAGES = ("tokenmill", "schemas", "producer", "consumer", "sink", "ops", "sglang_sim",
             "devstack", "deploy", "docker")
-# Not part of a release build (tests/install/test_wheel.py builds the same way).
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", ".tokenmill", "*.egg-info",
-                                    "__pycache__", "tests", "bench")
+# Never part of a copy of the source to build from (tests/install/
+# test_wheel.py copies the same way): build output, and the caches of tools
+# that may be writing them during the copy (CI runs mypy beside the tests: a
+# copy once failed on a vanished .mypy_cache/3.11/cache.0.db-shm).
+NOT_SOURCE_PATTERNS = (".git", ".venv", "build", "dist", ".tokenmill", "*.egg-info", "__pycache__",
+                       "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis",
+                       "site")
+# The image's wheel is built without the tests and benchmarks besides.
+NOT_SOURCE = shutil.ignore_patterns(*NOT_SOURCE_PATTERNS, "tests", "bench")
 
 Part = tuple[str, bytes]
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from devstack.images import NOT_SOURCE_PATTERNS
 from tests.kafka_helpers import read_all
 from tokenmill.kafka import topics
 
@@ -33,8 +34,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker]
 CHECKOUT = Path(__file__).resolve().parents[2]
 TEST_ONLY = {"moto", "kafka-python", "pytest", "pytest-asyncio", "pytest-timeout", "hypothesis",
              "testcontainers", "openai", "pyarrow", "lz4", "pyyaml"}
-_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", ".tokenmill", "*.egg-info",
-                                     "__pycache__", ".pytest_cache", ".hypothesis", "*.pyc")
 
 
 def _user_env(**extra: str) -> dict[str, str]:
@@ -76,7 +75,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     stale build/ of the checkout leaks in), with pip's build isolation."""
     work = tmp_path_factory.mktemp("wheel")
     source = work / "src"
-    shutil.copytree(CHECKOUT, source, ignore=_NOT_SOURCE)
+    shutil.copytree(CHECKOUT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE_PATTERNS))
     built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "dist",
                   source], cwd=work)
     assert built.returncode == 0, built.stderr[-3000:]
