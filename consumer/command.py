@@ -81,6 +81,12 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
               show_default=True,
               help="consumer: KIP-848 (Kafka 4.0+), shares follow GPU capacity; classic: the "
                    "older protocol for older brokers.")
+@click.option("--transaction-timeout", "transaction_timeout_s", default=20.0, show_default=True,
+              type=seconds(1, 900, min_open=False),
+              help="Seconds the broker lets one of this worker's transactions stay open: a "
+                   "worker that dies inside one holds its partitions' committed offsets "
+                   "undecided this long, and the worker taking them over waits (at most the "
+                   "broker's transaction.max.timeout.ms).")
 @click.option("--session-timeout", "session_timeout_s", default=None,
               type=seconds(1, 1800, min_open=False),
               help="Seconds a crashed worker keeps its partitions. KIP-848: set as the group's "
@@ -119,7 +125,8 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
             concurrency: int | None, max_concurrency: int, commit_interval_s: float,
             max_attempts: int,
             retry_base_s: float, request_timeout_s: float, drain_timeout_s: float,
-            group_protocol: str, session_timeout_s: float | None, static_membership: bool,
+            group_protocol: str, session_timeout_s: float | None,
+            transaction_timeout_s: float, static_membership: bool,
             fleet_balancing: bool, breaker_cooldown_s: float, breaker_max_cooldown_s: float,
             heartbeat_s: float,
             fetch_stall_s: float, until_done: bool, metrics_port: int) -> None:
@@ -159,6 +166,7 @@ def consume(settings: Settings, run_id: str, sglang_url: str, instance: str | No
         drain_timeout_s=drain_timeout_s,
         group_protocol=group_protocol,  # type: ignore[arg-type]
         session_timeout_s=session_timeout_s,
+        transaction_timeout_s=transaction_timeout_s,
         static_membership=static_membership,
         fleet_balancing=fleet_balancing,
         breaker_cooldown_s=breaker_cooldown_s,

@@ -33,7 +33,10 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     health_interval_s: float = 1.0
     auto_interval_s: float = 1.0
+    # The broker's timeout of this worker's transactions (--transaction-timeout):
+    # how long a worker that died inside one holds its partitions back.
     transaction_timeout_s: float = 20.0
+    step_timeout_s: float = 20.0  # each transaction step's deadline
     # An idle worker still commits its counters this often: `status` sees it
     # alive, and a duplicate --instance that fenced it is noticed.
     heartbeat_s: float = 10.0

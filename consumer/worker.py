@@ -142,7 +142,8 @@ class Worker:
         txns = transactions.start(
             settings, topics.transactional_id(self.run_id, "consumer", config.instance),
             config={"linger.ms": 20, "queue.buffering.max.messages": 200_000},
-            timeout_s=config.transaction_timeout_s, hooks=self.hooks, watchdog=self.watchdog)
+            timeout_s=config.step_timeout_s, transaction_timeout_s=config.transaction_timeout_s,
+            hooks=self.hooks, watchdog=self.watchdog)
         self._producer = txns.producer
         self._lap("transactions")
         self.committer.start(txns, progress.read_one(settings, self.committer.progress_key))

@@ -63,6 +63,12 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
               help="Seconds a crashed sink keeps its partitions before the others take them "
                    "over. KIP-848: the group's consumer.session.timeout.ms (default: the "
                    "broker's); classic: the client's (default 30).")
+@click.option("--transaction-timeout", "transaction_timeout_s", default=20.0, show_default=True,
+              type=seconds(1, 900, min_open=False),
+              help="Seconds the broker lets one of this sink's transactions stay open: a sink "
+                   "that dies inside one holds its partitions' committed offsets undecided this "
+                   "long, and the sink taking them over waits (at most the broker's "
+                   "transaction.max.timeout.ms).")
 @click.option("--upload-concurrency", type=click.IntRange(min=1, max=64), default=4,
               show_default=True, help="Partitions whose batches upload in parallel.")
 @click.option("--conditional-writes/--no-conditional-writes", default=True, show_default=True,
@@ -82,7 +88,8 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
 def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: int,
          max_batch_age_s: float, compression: str | None, instance: str | None,
          until_done: bool, metrics_port: int, create_bucket: bool | None,
-         group_protocol: str, session_timeout_s: float | None, upload_concurrency: int,
+         group_protocol: str, session_timeout_s: float | None,
+         transaction_timeout_s: float, upload_concurrency: int,
          conditional_writes: bool, heartbeat_s: float, fetch_stall_s: float) -> None:
     """Persist a run's completions: good samples to S3 as JSONL batches, the
     rest to the run's dead-letter topic, exactly once.
@@ -96,7 +103,7 @@ def sink(*, settings: Settings, run_id: str, batch_size: int, max_batch_bytes: i
         limits=BatchLimits(max_records=batch_size, max_bytes=max_batch_bytes,
                            max_age_s=max_batch_age_s),
         until_done=until_done, metrics_port=metrics_port, group_protocol=group_protocol,
-        session_timeout_s=session_timeout_s,
+        session_timeout_s=session_timeout_s, transaction_timeout_s=transaction_timeout_s,
         upload_concurrency=upload_concurrency, conditional_writes=conditional_writes,
         heartbeat_s=heartbeat_s, fetch_stall_s=fetch_stall_s)
     wait_for_bucket(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,

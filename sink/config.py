@@ -43,7 +43,10 @@ class SinkConfig:
     max_buffer_bytes: int = 256 * 1024 * 1024
     conditional_writes: bool = True
     done_check_interval_s: float = 2.0
-    transaction_timeout_s: float = 30.0
+    # The broker's timeout of this sink's transactions (--transaction-timeout):
+    # how long a sink that died inside one holds its partitions back.
+    transaction_timeout_s: float = 20.0
+    step_timeout_s: float = 30.0  # each transaction step's deadline
     # An idle sink still commits its counters this often: `status` sees it
     # alive, and a duplicate --instance that fenced it is noticed.
     heartbeat_s: float = 10.0

@@ -163,7 +163,8 @@ class SinkService:
         # Fences an earlier incarnation and aborts its open transaction, so the
         # progress value read next is final.
         txns = transactions.start(self.settings, config.transactional_id,
-                                  timeout_s=config.transaction_timeout_s,
+                                  timeout_s=config.step_timeout_s,
+                                  transaction_timeout_s=config.transaction_timeout_s,
                                   watchdog=self.watchdog)
         producer = txns.producer
         run_progress.ensure_topic(self.settings, config.run)

@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,9 @@ class Refused(RuntimeError):
 
 
 def _event(name: str, **fields: object) -> None:
-    print(json.dumps({"event": name, **fields}), file=sys.stderr, flush=True)
+    """A JSON line with structlog's timestamp format, beside the service's own."""
+    stamp = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    print(json.dumps({"event": name, **fields, "timestamp": stamp}), file=sys.stderr, flush=True)
 
 
 class _Callbacks(threading.local):

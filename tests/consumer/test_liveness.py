@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import signal
+from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -62,20 +64,31 @@ def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
     assert {r.id.encode() for r in records} >= hidden  # redone and committed once
 
 
+VICTIM_TRANSACTION_S = 12  # the default 20 s would read after 20 s or more
+
+
+def seconds_between(earlier: dict[str, Any], later: dict[str, Any]) -> float:
+    """Seconds between two log events' timestamps."""
+    return (datetime.fromisoformat(later["timestamp"])
+            - datetime.fromisoformat(earlier["timestamp"])).total_seconds()
+
+
 def test_a_worker_taking_over_from_one_killed_mid_commit_waits_instead_of_exiting(
         settings, run_id, tmp_path) -> None:
     """The victim dies with its offsets sent and its transaction open. Until
-    the coordinator aborts that transaction (20 s timeout), the partition's
-    committed offset is unstable and cannot be read. The worker that takes
-    the partition over waits for it (and says so) instead of exiting on the
-    timed-out read, then finishes the run exactly once."""
+    the coordinator aborts that transaction (the victim's
+    --transaction-timeout, 12 s here), the partition's committed offset is
+    unstable and cannot be read. The worker that takes the partition over
+    waits for it (and says so) instead of exiting on the timed-out read,
+    then finishes the run exactly once."""
     spec = create_run(settings, run_id, partitions=1)
     prompts = make_prompts(run_id, 400)
     publish(settings, spec, prompts)
     with running_simulator(PACED) as url:
         # 2 at a time: the 10th commit comes after the heir is up and waiting.
         victim = ConsumerProcess(settings, run_id, url, "victim", tmp_path, "--concurrency",
-                                 "2", "--session-timeout", "6",
+                                 "2", "--session-timeout", "6", "--transaction-timeout",
+                                 str(VICTIM_TRANSACTION_S),
                                  kill_at="transaction.committing:10").start()
         wait_until(lambda: victim.events("partitions assigned"), 120, "the victim's partition")
         heir = ConsumerProcess(settings, run_id, url, "heir", tmp_path, "--until-done",
@@ -91,6 +104,11 @@ def test_a_worker_taking_over_from_one_killed_mid_commit_waits_instead_of_exitin
         # the risky moment was hit: the heir's first read of the offsets was refused
         assert heir.events("committed offsets not readable yet: the partitions' last owner "
                            "may have died inside a transaction; waiting for it to be aborted")
+        # aborted at the victim's timeout, not the default 20 s: the heir read the offsets
+        # about 12 s after the kill (the coordinator looks every second)
+        (killed,) = victim.events("fault injection: killed")
+        read = heir.events("committed offsets read after waiting")[0]
+        assert seconds_between(killed, read) < VICTIM_TRANSACTION_S + 5, (killed, read)
     check_exactly_once(settings, run_id, prompts)
 
 

@@ -43,7 +43,7 @@ def test_a_sink_taking_over_from_one_killed_mid_commit_starts_at_the_committed_o
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
 
     # Dies in its 4th flush transaction with the offsets sent: they stay
-    # undecided until the transaction times out (30 s), the records committed
+    # undecided until the transaction times out (20 s), the records committed
     # by its first three are behind them.
     first = start_sink(settings, run_id, *ARGS, "--instance", "first", log_path=first_log,
                        kill_at="transaction.offsets_sent:4")

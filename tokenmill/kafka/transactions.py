@@ -343,6 +343,7 @@ class Transactions:
 
 def start(settings: Settings, transactional_id: str, *,
           config: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+          transaction_timeout_s: float | None = None,
           hooks: TransactionHooks | None = None,
           watchdog: Watchdog | None = None) -> Transactions:
     """The transactional producer of `transactional_id`, initialized: every
@@ -351,9 +352,14 @@ def start(settings: Settings, transactional_id: str, *,
     the broker refuses or does not answer within INIT_TIMEOUT_S.
 
     Parameters: `config` (librdkafka settings over the shared ones),
-    `timeout_s` (each transaction step's deadline), `hooks`, `watchdog`
-    (bounds `init_transactions` and every later step)."""
-    producer = clients.transactional_producer(settings, transactional_id, config)
+    `timeout_s` (each transaction step's deadline), `transaction_timeout_s`
+    (the broker's: how long a transaction left open by a dead process holds
+    its partitions back; default clients.transactional_producer's), `hooks`,
+    `watchdog` (bounds `init_transactions` and every later step)."""
+    timeout = ({} if transaction_timeout_s is None
+               else {"transaction.timeout.ms": round(transaction_timeout_s * 1000)})
+    producer = clients.transactional_producer(settings, transactional_id,
+                                              {**timeout, **(config or {})})
     guard: AbstractContextManager[None] = (
         watchdog.guard("init_transactions", INIT_TIMEOUT_S * 2 + 10)
         if watchdog is not None else nullcontext())
