@@ -12,7 +12,13 @@ import click
 from consumer.backoff import RetryPolicy
 from consumer.health import wait_for_server
 from consumer.worker import FatalWorkerError, Worker, WorkerConfig
-from tokenmill.commandline import finish_now, register_known_error, run_service, service_command
+from tokenmill.commandline import (
+    finish_now,
+    register_known_error,
+    run_service,
+    service_command,
+    transaction_timeout_option,
+)
 from tokenmill.flag_types import PORT_OR_OFF, RUN_ID, seconds
 from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import KafkaFatal
@@ -81,12 +87,7 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
               show_default=True,
               help="consumer: KIP-848 (Kafka 4.0+), shares follow GPU capacity; classic: the "
                    "older protocol for older brokers.")
-@click.option("--transaction-timeout", "transaction_timeout_s", default=20.0, show_default=True,
-              type=seconds(1, 900, min_open=False),
-              help="Seconds the broker lets one of this worker's transactions stay open: a "
-                   "worker that dies inside one holds its partitions' committed offsets "
-                   "undecided this long, and the worker taking them over waits (at most the "
-                   "broker's transaction.max.timeout.ms).")
+@transaction_timeout_option("worker")
 @click.option("--session-timeout", "session_timeout_s", default=None,
               type=seconds(1, 1800, min_open=False),
               help="Seconds a crashed worker keeps its partitions. KIP-848: set as the group's "

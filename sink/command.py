@@ -12,7 +12,12 @@ from sink.config import parse_size, resolve
 from sink.errors import SinkError
 from sink.s3_writer import wait_for_bucket
 from sink.service import SinkService, tune_gc
-from tokenmill.commandline import register_known_error, run_service, service_command
+from tokenmill.commandline import (
+    register_known_error,
+    run_service,
+    service_command,
+    transaction_timeout_option,
+)
 from tokenmill.flag_types import RUN_ID, seconds
 from tokenmill.kafka import clients
 from tokenmill.kafka.transactions import KafkaFatal
@@ -63,12 +68,7 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
               help="Seconds a crashed sink keeps its partitions before the others take them "
                    "over. KIP-848: the group's consumer.session.timeout.ms (default: the "
                    "broker's); classic: the client's (default 30).")
-@click.option("--transaction-timeout", "transaction_timeout_s", default=20.0, show_default=True,
-              type=seconds(1, 900, min_open=False),
-              help="Seconds the broker lets one of this sink's transactions stay open: a sink "
-                   "that dies inside one holds its partitions' committed offsets undecided this "
-                   "long, and the sink taking them over waits (at most the broker's "
-                   "transaction.max.timeout.ms).")
+@transaction_timeout_option("sink")
 @click.option("--upload-concurrency", type=click.IntRange(min=1, max=64), default=4,
               show_default=True, help="Partitions whose batches upload in parallel.")
 @click.option("--conditional-writes/--no-conditional-writes", default=True, show_default=True,

@@ -12,6 +12,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from tokenmill import log
+from tokenmill.flag_types import seconds
 from tokenmill.settings import Settings, SettingsError, pop_settings, settings_options
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -133,3 +134,15 @@ def service_command(func: F) -> F:
 
 
 __all__ = ["Settings", "register_known_error", "run_service", "service_command"]
+
+
+def transaction_timeout_option(member: str) -> Callable[[F], F]:
+    """`--transaction-timeout` of a service that commits in transactions
+    (`member`: "worker", "sink"): the broker's timeout of its transactions."""
+    return click.option(
+        "--transaction-timeout", "transaction_timeout_s", default=20.0, show_default=True,
+        type=seconds(1, 900, min_open=False),
+        help=f"Seconds the broker lets one of this {member}'s transactions stay open: a "
+             f"{member} that dies inside one holds its partitions' committed offsets "
+             f"undecided this long, and the {member} taking them over waits (at most the "
+             "broker's transaction.max.timeout.ms).")
