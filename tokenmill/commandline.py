@@ -133,9 +133,6 @@ def service_command(func: F) -> F:
     return settings_options(wrapper)  # type: ignore[return-value]
 
 
-__all__ = ["Settings", "register_known_error", "run_service", "service_command"]
-
-
 def transaction_timeout_option(member: str) -> Callable[[F], F]:
     """`--transaction-timeout` of a service that commits in transactions
     (`member`: "worker", "sink"): the broker's timeout of its transactions."""
@@ -146,3 +143,7 @@ def transaction_timeout_option(member: str) -> Callable[[F], F]:
              f"{member} that dies inside one holds its partitions' committed offsets "
              f"undecided this long, and the {member} taking them over waits (at most the "
              "broker's transaction.max.timeout.ms).")
+
+
+__all__ = ["Settings", "register_known_error", "run_service", "service_command",
+           "transaction_timeout_option"]
