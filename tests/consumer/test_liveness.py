@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import re
 import signal
-from datetime import datetime
-from typing import Any
 
 import pytest
 
@@ -20,6 +18,7 @@ from tests.consumer.pipeline import (
     committed_results,
     consumer_progress,
     create_run,
+    event_time,
     make_prompts,
     publish,
     sim_metrics,
@@ -67,12 +66,6 @@ def test_killed_inside_an_open_transaction(settings, run_id, tmp_path) -> None:
 VICTIM_TRANSACTION_S = 12  # the default 20 s would read after 20 s or more
 
 
-def seconds_between(earlier: dict[str, Any], later: dict[str, Any]) -> float:
-    """Seconds between two log events' timestamps."""
-    return (datetime.fromisoformat(later["timestamp"])
-            - datetime.fromisoformat(earlier["timestamp"])).total_seconds()
-
-
 def test_a_worker_taking_over_from_one_killed_mid_commit_waits_instead_of_exiting(
         settings, run_id, tmp_path) -> None:
     """The victim dies with its offsets sent and its transaction open. Until
@@ -108,7 +101,7 @@ def test_a_worker_taking_over_from_one_killed_mid_commit_waits_instead_of_exitin
         # about 12 s after the kill (the coordinator looks every second)
         (killed,) = victim.events("fault injection: killed")
         read = heir.events("committed offsets read after waiting")[0]
-        assert seconds_between(killed, read) < VICTIM_TRANSACTION_S + 5, (killed, read)
+        assert event_time(read) - event_time(killed) < VICTIM_TRANSACTION_S + 5, (killed, read)
     check_exactly_once(settings, run_id, prompts)
 
 
