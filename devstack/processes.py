@@ -61,11 +61,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     client's outgoing connection, as it could a port bind(0) handed out (a CI
     run's broker restart failed on "Address already in use" that way)."""
     ports = listener_ports(ephemeral_range())
-    chooser = random.SystemRandom()
-    for _ in range(200):
-        port = chooser.choice(ports) if ports else 0
-        if port and port_free(host, port):
-            return port
+    if ports:
+        chooser = random.SystemRandom()
+        for _ in range(200):
+            port = chooser.choice(ports)
+            if port_free(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
