@@ -7,8 +7,9 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from ops.status import STATUS_SCHEMA_PATH, render, summarize
+from ops.status import STATUS_SCHEMA_PATH, summarize
 from ops.status_report import schema, to_report
+from ops.status_view import render
 from schemas import Estimate, GenerationSettings, RunSpec
 from schemas.progress import (
     ConsumerProgress,
@@ -88,7 +89,8 @@ def test_json_output_follows_the_published_schema() -> None:
 
 
 def test_group_summary_shows_members_shares_and_unowned_partitions() -> None:
-    from ops.status import group_summary, render_group
+    from ops.status import group_summary
+    from ops.status_view import render_group
     from tokenmill.kafka.groups import GroupMember, GroupState
 
     state = GroupState(stable=True, members=(

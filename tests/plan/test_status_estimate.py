@@ -3,7 +3,8 @@ concurrency are compared too."""
 
 from rich.console import Console
 
-from ops.status import render, summarize
+from ops.status import summarize
+from ops.status_view import render
 from schemas import Estimate, GenerationSettings, RunSpec
 from schemas.progress import ConsumerProgress, ProducerCheckpoint
 from tokenmill.progress import RunProgress
