@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
 from schemas.progress import (
     ConsumerProgress,
@@ -91,13 +92,14 @@ def ensure_topic(settings: Settings, run_id: str) -> None:
     )
 
 
-def read_run_progress(settings: Settings, run_id: str,
-                      settle_s: float = LOOK_SETTLE_S) -> RunProgress:
+def read_run_progress(settings: Settings, run_id: str, settle_s: float = LOOK_SETTLE_S,
+                      admin: AdminClient | None = None) -> RunProgress:
     """Every member's progress, for looking at the run: if a transaction
     stays open past `settle_s` (its owner died mid-commit), what is decided
-    so far. A member's own state is read with `read_one`, which waits."""
+    so far. A member's own state is read with `read_one`, which waits.
+    `admin`: the look's client for the offset lookups, else a new one."""
     raw = compacted.read_to_end(settings, topics.progress_topic(run_id), _of_run(run_id),
-                               settle_s=settle_s, stale_ok=True)
+                               settle_s=settle_s, stale_ok=True, admin=admin)
     return _run_progress(run_id, raw)
 
 

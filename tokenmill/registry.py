@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import msgspec
+from confluent_kafka.admin import AdminClient
 
 from schemas.run import RunSpec
 from tokenmill.kafka import clients, compacted, topics
@@ -47,8 +48,11 @@ def _diff(a: object, b: object, path: str) -> list[str]:
 
 
 class RunRegistry:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, admin: AdminClient | None = None) -> None:
+        """`admin`: a client of the caller's for the registry's lookups (a
+        look that reads more than the registry shares one), else new ones."""
         self._settings = settings
+        self._admin = admin
         self._checked = False
 
     def _ensure_topic(self) -> None:
@@ -56,7 +60,7 @@ class RunRegistry:
             clients.check_broker(self._settings)
             self._checked = True
         clients.ensure_topics(
-            clients.admin(self._settings),
+            self._admin or clients.admin(self._settings),
             {topics.RUNS_TOPIC: 1},
             topics.COMPACTED_TOPIC_CONFIG,
         )
@@ -64,7 +68,7 @@ class RunRegistry:
     def all(self) -> dict[str, RunSpec]:
         """Every registered spec, read from the start of the compacted topic."""
         self._ensure_topic()
-        raw = compacted.read_to_end(self._settings, topics.RUNS_TOPIC)
+        raw = compacted.read_to_end(self._settings, topics.RUNS_TOPIC, admin=self._admin)
         return {run_id: _decoder.decode(value) for run_id, value in raw.items()}
 
     def get(self, run_id: str, specs: Mapping[str, RunSpec] | None = None) -> RunSpec:

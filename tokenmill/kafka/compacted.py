@@ -47,22 +47,24 @@ class Unsettled(TimeoutError):
 
 def read_to_end(settings: Settings, topic: str, keep: Callable[[str], bool] | None = None,
                 *, settle_s: float = SETTLE_TIMEOUT_S, stale_ok: bool = False,
-                few_keys: bool = False) -> dict[str, bytes]:
+                few_keys: bool = False, admin: AdminClient | None = None) -> dict[str, bytes]:
     """The latest committed value of every key (`keep`: of the keys it accepts).
 
     Waits up to `settle_s` for transactions open at the start to be decided;
     then raises Unsettled, or with `stale_ok` reads what is decided so far.
-    With `few_keys`, waits only when an undecided record has a kept key."""
+    With `few_keys`, waits only when an undecided record has a kept key.
+    `admin`: a client of the caller's for the offset lookups (else a new one)."""
     tp = TopicPartition(topic, 0)
-    admin = clients.admin(settings)
+    admin = admin or clients.admin(settings)
     undecided_matters = (partial(_has_key_between, settings, topic, keep=keep)
                          if few_keys and keep is not None else None)
+    bounds = committed.partition_bounds(admin, topic, 0, settings.connect_timeout_s)
     end = settled_end(admin, tp, settings.connect_timeout_s, settle_s=settle_s,
-                      stale_ok=stale_ok, undecided_matters=undecided_matters)
+                      stale_ok=stale_ok, undecided_matters=undecided_matters, bounds=bounds)
     values: dict[str, bytes] = {}
-    if end <= 0:
+    if end <= bounds.start:
         return values
-    start = committed.start_offsets(admin, topic, [0], settings.connect_timeout_s)[0]
+    start = bounds.start
     consumer = clients.consumer(settings, "tokenmill.kafka.compacted-reader",
                                       committed.READER_CONFIG)
     try:
@@ -109,10 +111,11 @@ class Tail:
         """The latest decided value of every kept key."""
         admin = clients.admin(self._settings)
         timeout_s = self._settings.connect_timeout_s
+        bounds = committed.partition_bounds(admin, self._topic, 0, timeout_s)
         end = settled_end(admin, TopicPartition(self._topic, 0), timeout_s,
-                          settle_s=self._settle_s, stale_ok=True)
+                          settle_s=self._settle_s, stale_ok=True, bounds=bounds)
         if self._next is None:
-            self._next = committed.start_offsets(admin, self._topic, [0], timeout_s)[0]
+            self._next = bounds.start
         if end > self._next:
             if self._consumer is None:
                 self._consumer = clients.consumer(
@@ -132,16 +135,21 @@ class Tail:
 def settled_end(admin: AdminClient, tp: TopicPartition, timeout_s: float, *,
                 settle_s: float, stale_ok: bool = False,
                 undecided_matters: Callable[[int, int], bool] | None = None,
-                clock: Callable[[], float] = time.monotonic) -> int:
+                clock: Callable[[], float] = time.monotonic,
+                bounds: committed.Bounds | None = None) -> int:
     """An offset below which every record is decided and which is at or past
     every record written before the call (of the records that matter:
     `undecided_matters(stable, end)`, asked once, says whether the undecided
-    range holds any)."""
-    target = committed.high_watermarks(admin, tp.topic, [tp.partition], timeout_s)[tp.partition]
+    range holds any). `bounds`: the partition's, asked since the call began
+    (else asked now). Its high watermark and last stable offset are asked
+    together: a stable offset at or past the high watermark means no record
+    before the later of the two answers was undecided, whichever came first."""
+    if bounds is None:
+        bounds = committed.partition_bounds(admin, tp.topic, tp.partition, timeout_s)
+    target, stable = bounds.high, bounds.stable
     deadline = clock() + settle_s
     asked = False
     while True:
-        stable = last_stable_offset(admin, tp, timeout_s)
         if stable >= target:
             return stable
         if undecided_matters is not None and not asked:
@@ -156,6 +164,7 @@ def settled_end(admin: AdminClient, tp: TopicPartition, timeout_s: float, *,
                 f"after {settle_s:.0f}s (end {target}); its producer's transaction timeout "
                 "should have aborted it")
         time.sleep(SETTLE_POLL_S)
+        stable = last_stable_offset(admin, tp, timeout_s)
 
 
 def last_stable_offset(admin: AdminClient, tp: TopicPartition, timeout_s: float) -> int:
