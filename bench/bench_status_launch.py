@@ -64,6 +64,16 @@ class Look(msgspec.Struct):
     ok: bool  # exited 0
 
 
+def compile_tree(tree: Path) -> None:
+    """Both sides as installed: a wheel's install compiles its modules, and
+    with PYTHONDONTWRITEBYTECODE (set on this machine) a checkout whose
+    modules are not compiled compiles every one at every look."""
+    packages = [str(tree / name) for name in ("schemas", "tokenmill", "producer", "consumer",
+                                               "sink", "ops", "sglang_sim", "devstack")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *packages],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def look(tree: Path, run_id: str, env: dict[str, str]) -> tuple[float, bool]:
     """One `status` from `tree`: (wall seconds, exited 0)."""
     argv = [sys.executable, "-m", "tokenmill.cli", "status", "--run", run_id, "--json"]
@@ -101,6 +111,8 @@ def main() -> None:
                             capture_output=True, text=True).stdout.strip()
     baseline_name = f"status at {commit or baseline_tree.name}"
     os.environ["PYTHONPATH"] = str(ROOT)  # the simulators and services run this checkout
+    for tree in (ROOT, baseline_tree):
+        compile_tree(tree)
     log.configure("warning", "console")
     recorder = Recorder("bench_status_launch")
     work = Path(tempfile.mkdtemp(prefix="bench-status-"))
