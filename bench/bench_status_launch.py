@@ -159,13 +159,13 @@ def main() -> None:
                "seconds": args.seconds}
     figures = [
         Figure(name="status at a seed-size launch, slowest look", unit="s",
-               tokenmill=round(max(ours), 2), baseline=round(max(theirs), 2),
+               tokenmill=round(max(ours), 3), baseline=round(max(theirs), 3),
                baseline_name=baseline_name, ratio=ratio(max(ours), max(theirs)),
                target=f"< {STATUS_LIMIT_S:g} s", met=max(ours) < STATUS_LIMIT_S and not failed,
                method=METHOD, details=details),
         Figure(name="status at a seed-size launch, median look", unit="s",
-               tokenmill=round(statistics.median(ours), 2),
-               baseline=round(statistics.median(theirs), 2),
+               tokenmill=round(statistics.median(ours), 3),
+               baseline=round(statistics.median(theirs), 3),
                baseline_name=baseline_name,
                ratio=ratio(statistics.median(ours), statistics.median(theirs)),
                target="<= 1 x baseline", met=statistics.median(ours) <= statistics.median(theirs),

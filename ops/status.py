@@ -11,12 +11,10 @@ in `tokenmill.<run>.progress`), so the numbers are the ones that will land.
 from __future__ import annotations
 
 import sys
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import msgspec
@@ -35,8 +33,6 @@ from tokenmill.kafka.groups import GroupState
 from tokenmill.progress import GLANCE_SETTLE_S, RunProgress, read_run_progress
 from tokenmill.registry import RunRegistry, source_prompts_topic
 from tokenmill.settings import Settings
-
-T = TypeVar("T")
 
 STATUS_SCHEMA_PATH = Path(__file__).with_name("status.schema.json")
 
@@ -193,22 +189,6 @@ def group_summary(state: GroupState, partitions: int,
             "unowned": {str(p): round(now - since[p], 1) for p in unowned}}
 
 
-def in_background(call: Callable[..., T], *args: Any) -> Future[T]:
-    """`call(*args)` in a daemon thread: a look that ends early (an unknown
-    run, a broker that refuses us) exits at once, not after the reads it
-    started have timed out, as a thread pool's threads would make it."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(call(*args))
-        except BaseException as exc:  # handed to the caller, who raises it
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=f"status-{call.__name__}", daemon=True).start()
-    return future
-
-
 def read_group(settings: Settings, spec: RunSpec, admin: AdminClient) -> GroupState | None:
     try:
         return groups.describe(admin, topics.generate_group(spec.run_id),
@@ -292,20 +272,25 @@ def status(settings: Settings, run_id: str, as_json: bool, json_schema: bool, ch
                             max_failure_share=max_failure_share,
                             max_truncated_share=max_truncated_share, max_dlq_share=max_dlq_share)
     unowned_since: dict[int, float] = {}
+    # The group and the counters are read side by side, through one admin
+    # client: each read is a few round trips to the brokers, each new client
+    # a connection and a metadata round trip more, and a fleet starting on
+    # the same machine makes every one of them wait for a CPU (the seed run:
+    # 4.3 s at its launch). The registry is read first: a run it does not
+    # know has no counters to read, and a read started beside it must be
+    # waited for when it fails: with the counters' read in a daemon thread
+    # beside the registry's, one CI run saw `status` end in SIGSEGV when the
+    # broker refused our CA (the process exiting while that thread was still
+    # inside librdkafka; not reproduced in 7 tries since). A pool's thread is
+    # waited for at exit.
+    looks = ThreadPoolExecutor(1, thread_name_prefix="status-group")
     while True:
-        # The registry, the counters and the group are read side by side,
-        # through one admin client: each read is a few round trips to the
-        # brokers, each new client a connection and a metadata round trip
-        # more, and a fleet starting on the same machine makes every one of
-        # them wait for a CPU (the seed run: 4.3 s at its launch).
         admin = clients.admin(settings)
         registry = RunRegistry(settings, admin)
-        reading_progress = in_background(read_run_progress, settings, run_id, GLANCE_SETTLE_S,
-                                         admin)
         specs = registry.all()  # each look: a redrive or replay of the run may be registered
         spec = registry.get(run_id, specs)
-        reading_group = in_background(read_group, settings, spec, admin)
-        glance = reading_progress.result()
+        reading_group = looks.submit(read_group, settings, spec, admin)
+        glance = read_run_progress(settings, run_id, settle_s=GLANCE_SETTLE_S, admin=admin)
         state = reading_group.result()
         group = (None if state is None else
                  group_summary(state, spec.partitions, unowned_since))

@@ -60,7 +60,7 @@ class RunRegistry:
             clients.check_broker(self._settings)
             self._checked = True
         clients.ensure_topics(
-            self._admin or clients.admin(self._settings),
+            self._admin if self._admin is not None else clients.admin(self._settings),
             {topics.RUNS_TOPIC: 1},
             topics.COMPACTED_TOPIC_CONFIG,
         )

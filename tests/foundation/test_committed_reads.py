@@ -175,6 +175,23 @@ def test_a_read_of_keys_no_undecided_record_holds_does_not_wait(settings) -> Non
                                  few_keys=True) == {"count": b"2"}
 
 
+def test_a_read_given_an_admin_client_makes_none_of_its_own(settings, monkeypatch) -> None:
+    """`status` hands one admin client to each of its reads; a read that made
+    its own beside it (as `admin or new` did: an idle client is falsy) would
+    cost every look a connection and a metadata round trip per read."""
+    bootstrap = settings.bootstrap_servers
+    topic = _topic(bootstrap)
+    _write(bootstrap, topic, 2)
+    shared = clients.admin(settings)
+    assert not shared  # the trap: nothing queued, so its length is 0
+
+    def no_new_client(_settings):
+        raise AssertionError("a read made an admin client of its own")
+
+    monkeypatch.setattr(clients, "admin", no_new_client)
+    assert compacted.read_to_end(settings, topic, admin=shared)["count"] == b"2"
+
+
 def test_a_tail_reads_on_from_its_last_look_and_agrees_with_a_full_read(settings) -> None:
     """A done check's reader (compacted.Tail): each look reads only the
     records written since the one before (the `keep` filter sees each record

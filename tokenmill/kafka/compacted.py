@@ -55,7 +55,8 @@ def read_to_end(settings: Settings, topic: str, keep: Callable[[str], bool] | No
     With `few_keys`, waits only when an undecided record has a kept key.
     `admin`: a client of the caller's for the offset lookups (else a new one)."""
     tp = TopicPartition(topic, 0)
-    admin = admin or clients.admin(settings)
+    # `is None`: a client with nothing queued is falsy (confluent-kafka gives it a length)
+    admin = admin if admin is not None else clients.admin(settings)
     undecided_matters = (partial(_has_key_between, settings, topic, keep=keep)
                          if few_keys and keep is not None else None)
     bounds = committed.partition_bounds(admin, topic, 0, settings.connect_timeout_s)
