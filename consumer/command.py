@@ -87,7 +87,7 @@ def _concurrency(_ctx: click.Context, _param: click.Parameter, value: str) -> in
               show_default=True,
               help="consumer: KIP-848 (Kafka 4.0+), shares follow GPU capacity; classic: the "
                    "older protocol for older brokers.")
-@transaction_timeout_option("worker")
+@transaction_timeout_option("worker", clients.TRANSACTION_TIMEOUT_S)
 @click.option("--session-timeout", "session_timeout_s", default=None,
               type=seconds(1, 1800, min_open=False),
               help="Seconds a crashed worker keeps its partitions. KIP-848: set as the group's "

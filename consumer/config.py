@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from consumer.backoff import RetryPolicy
-from tokenmill.kafka import groups
+from tokenmill.kafka import clients, groups
 from tokenmill.settings import Secret
 
 
@@ -35,7 +35,7 @@ class WorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     auto_interval_s: float = 1.0
     # The broker's timeout of this worker's transactions (--transaction-timeout):
     # how long a worker that died inside one holds its partitions back.
-    transaction_timeout_s: float = 20.0
+    transaction_timeout_s: float = clients.TRANSACTION_TIMEOUT_S
     step_timeout_s: float = 20.0  # each transaction step's deadline
     # An idle worker still commits its counters this often: `status` sees it
     # alive, and a duplicate --instance that fenced it is noticed.

@@ -68,7 +68,7 @@ class SizeType(click.ParamType):  # type: ignore[type-arg]
               help="Seconds a crashed sink keeps its partitions before the others take them "
                    "over. KIP-848: the group's consumer.session.timeout.ms (default: the "
                    "broker's); classic: the client's (default 30).")
-@transaction_timeout_option("sink")
+@transaction_timeout_option("sink", clients.TRANSACTION_TIMEOUT_S)
 @click.option("--upload-concurrency", type=click.IntRange(min=1, max=64), default=4,
               show_default=True, help="Partitions whose batches upload in parallel.")
 @click.option("--conditional-writes/--no-conditional-writes", default=True, show_default=True,

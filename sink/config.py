@@ -13,7 +13,7 @@ from sink.batcher import BatchLimits
 from sink.errors import SinkError
 from sink.object_keys import Compression, normalize_prefix
 from sink.s3_writer import is_local_endpoint
-from tokenmill.kafka import topics
+from tokenmill.kafka import clients, topics
 from tokenmill.kafka.groups import GroupProtocol, member_config
 from tokenmill.settings import Settings
 
@@ -45,7 +45,7 @@ class SinkConfig:
     done_check_interval_s: float = 2.0
     # The broker's timeout of this sink's transactions (--transaction-timeout):
     # how long a sink that died inside one holds its partitions back.
-    transaction_timeout_s: float = 20.0
+    transaction_timeout_s: float = clients.TRANSACTION_TIMEOUT_S
     step_timeout_s: float = 30.0  # each transaction step's deadline
     # An idle sink still commits its counters this often: `status` sees it
     # alive, and a duplicate --instance that fenced it is noticed.

@@ -133,11 +133,13 @@ def service_command(func: F) -> F:
     return settings_options(wrapper)  # type: ignore[return-value]
 
 
-def transaction_timeout_option(member: str) -> Callable[[F], F]:
+def transaction_timeout_option(member: str, default_s: float) -> Callable[[F], F]:
     """`--transaction-timeout` of a service that commits in transactions
-    (`member`: "worker", "sink"): the broker's timeout of its transactions."""
+    (`member`: "worker", "sink"): the broker's timeout of its transactions
+    (`default_s`: clients.TRANSACTION_TIMEOUT_S, passed in so that this
+    module, which every command imports, does not import the Kafka client)."""
     return click.option(
-        "--transaction-timeout", "transaction_timeout_s", default=20.0, show_default=True,
+        "--transaction-timeout", "transaction_timeout_s", default=default_s, show_default=True,
         type=seconds(1, 900, min_open=False),
         help=f"Seconds the broker lets one of this {member}'s transactions stay open: a "
              f"{member} that dies inside one holds its partitions' committed offsets "

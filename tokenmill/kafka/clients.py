@@ -148,14 +148,19 @@ def producer(settings: Settings, extra: Mapping[str, Any] | None = None) -> Prod
     return Producer(config)
 
 
+# The broker's timeout of a transaction, by default (workers' and sinks'
+# --transaction-timeout). Transactions are opened only to commit, so they are
+# short; a short timeout bounds how long a member killed mid-commit holds
+# back read_committed readers of the partitions it wrote (its restart with
+# the same transactional.id aborts at once).
+TRANSACTION_TIMEOUT_S = 20.0
+
+
 def transactional_producer(
     settings: Settings, transactional_id: str, extra: Mapping[str, Any] | None = None
 ) -> Producer:
-    # Transactions are opened only to commit, so they are short; a short
-    # timeout bounds how long a worker killed mid-commit holds back
-    # read_committed readers of the partitions it wrote (its restart with the
-    # same transactional.id aborts at once).
-    config = {"transactional.id": transactional_id, "transaction.timeout.ms": 20_000}
+    config = {"transactional.id": transactional_id,
+              "transaction.timeout.ms": round(TRANSACTION_TIMEOUT_S * 1000)}
     config.update(extra or {})
     return producer(settings, config)
 
