@@ -284,10 +284,10 @@ def status(settings: Settings, run_id: str, as_json: bool, json_schema: bool, ch
     # inside librdkafka; not reproduced in 7 tries since). A pool's thread is
     # waited for at exit.
     looks = ThreadPoolExecutor(1, thread_name_prefix="status-group")
+    registry = RunRegistry(settings)  # checks the broker at its first read only
     while True:
         admin = clients.admin(settings)
-        registry = RunRegistry(settings, admin)
-        specs = registry.all()  # each look: a redrive or replay of the run may be registered
+        specs = registry.all(admin)  # each look: a redrive or replay of the run may be registered
         spec = registry.get(run_id, specs)
         reading_group = looks.submit(read_group, settings, spec, admin)
         glance = read_run_progress(settings, run_id, settle_s=GLANCE_SETTLE_S, admin=admin)

@@ -48,27 +48,26 @@ def _diff(a: object, b: object, path: str) -> list[str]:
 
 
 class RunRegistry:
-    def __init__(self, settings: Settings, admin: AdminClient | None = None) -> None:
-        """`admin`: a client of the caller's for the registry's lookups (a
-        look that reads more than the registry shares one), else new ones."""
+    def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._admin = admin
         self._checked = False
 
-    def _ensure_topic(self) -> None:
+    def _ensure_topic(self, admin: AdminClient | None) -> None:
         if not self._checked:
             clients.check_broker(self._settings)
             self._checked = True
         clients.ensure_topics(
-            self._admin if self._admin is not None else clients.admin(self._settings),
+            admin if admin is not None else clients.admin(self._settings),
             {topics.RUNS_TOPIC: 1},
             topics.COMPACTED_TOPIC_CONFIG,
         )
 
-    def all(self) -> dict[str, RunSpec]:
-        """Every registered spec, read from the start of the compacted topic."""
-        self._ensure_topic()
-        raw = compacted.read_to_end(self._settings, topics.RUNS_TOPIC, admin=self._admin)
+    def all(self, admin: AdminClient | None = None) -> dict[str, RunSpec]:
+        """Every registered spec, read from the start of the compacted topic.
+        `admin`: a client of the caller's for the lookups (a look that reads
+        more than the registry shares one), else new ones."""
+        self._ensure_topic(admin)
+        raw = compacted.read_to_end(self._settings, topics.RUNS_TOPIC, admin=admin)
         return {run_id: _decoder.decode(value) for run_id, value in raw.items()}
 
     def get(self, run_id: str, specs: Mapping[str, RunSpec] | None = None) -> RunSpec:
