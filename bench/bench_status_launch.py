@@ -44,6 +44,7 @@ from bench.figures import Figure, Recorder, console_table, ratio
 from bench.seed_sides import wait_registered
 from bench.services import bench_settings, child_env, tokenmill_argv
 from bench.timing import Launched
+from devstack.images import PACKAGES
 from devstack.processes import free_port
 from sglang_sim.runner import SimulatorProcess
 from tokenmill import log
@@ -68,8 +69,7 @@ def compile_tree(tree: Path) -> None:
     """Both sides as installed: a wheel's install compiles its modules, and
     with PYTHONDONTWRITEBYTECODE (set on this machine) a checkout whose
     modules are not compiled compiles every one at every look."""
-    packages = [str(tree / name) for name in ("schemas", "tokenmill", "producer", "consumer",
-                                               "sink", "ops", "sglang_sim", "devstack")]
+    packages = [str(tree / name) for name in PACKAGES if (tree / name).is_dir()]
     subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *packages],
                    check=True, stdout=subprocess.DEVNULL)
 
