@@ -111,6 +111,21 @@ class Fleet:
         running = sim_metrics(self.url).get("sglang:num_running_reqs", 0.0)
         return running > (workers - 1) * CONCURRENCY
 
+    def wait_busy(self, workers: int) -> float:
+        """Waits until `busy(workers)`; returns a moment just before the
+        count that showed it. What was in flight then may finish before the
+        caller acts (ci76: a request of 0.3 s, the leaver's only one, done
+        in the gap), so a window of work is taken from this moment to the
+        act, not at the act alone."""
+        checked = [0.0]
+
+        def busy() -> bool:
+            checked[0] = time.time()
+            return self.busy(workers)
+
+        wait_until(busy, 60, f"{workers} workers each with a request in flight")
+        return checked[0]
+
     def formed(self) -> bool:
         """The group has settled: every worker owns its equal share, and
         together all the partitions (the assignor moves nothing more)."""
@@ -140,8 +155,10 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
     `scenario(fleet)` mid-run, lets the run end and checks the waste
     against the in-flight windows of the partitions that moved. Returns
     the moves, their windows, and what each moved partition had requested
-    and not committed when the scenario began (`scenario` returns that moment
-    when it waits for it; else it is the call). A graceful hand-over drains
+    and not committed when the scenario began (`scenario` returns when it
+    saw the work and when it acted, if it waits for work; the window is
+    then what was in flight at some moment between the two; else it is the
+    call). A graceful hand-over drains
     and commits before it revokes, so its window at the move is rightly
     empty: ci33; the work it had when the scenario began shows the move was
     mid-run)."""
@@ -160,7 +177,7 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
             wait_until(lambda: consumer_progress(settings, run_id).generated >= PROMPTS // 4,
                        120, "a quarter of the run generated")
             before = time.time()
-            began = scenario(fleet) or before  # the scenario's own moment, when it has one
+            checked, acted = scenario(fleet) or (before, before)  # its own moments, if any
             feed.release()
             fleet.finish()
         finally:
@@ -174,7 +191,7 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
     found.check()
     assert found.wasted <= CONCURRENCY * len(moves), (found.wasted, moves)
     assert found.wasted <= reported, (found.wasted, reported)
-    at_start = found.windows_at([(name, p, began) for name, p, _ in moves])
+    at_start = found.windows_at([(name, p, acted) for name, p, _ in moves], since=checked)
     return moves, found.windows, at_start
 
 
@@ -193,18 +210,18 @@ def test_waste_after_a_join_is_bounded_by_the_moved_partitions_window(settings, 
 
 def test_waste_after_a_hand_over_is_bounded_by_the_moved_partitions_window(settings, run_id,
                                                                            tmp_path) -> None:
-    def hand_over(fleet: Fleet) -> float:
+    def hand_over(fleet: Fleet) -> tuple[float, float]:
         leaver = fleet.workers["w2"]
         wait_until(lambda: leaver.events("fleet: other workers in the group"), 60,
                    "the leaver seeing the other workers")
         # the leaver has requests in flight as it is told to go (ci38: a
         # feed that fell behind on a loaded machine left a worker idle)
-        wait_until(lambda: fleet.busy(3), 60, "every worker with a request in flight")
+        checked = fleet.wait_busy(3)
         told = time.time()
         leaver.terminate()
         assert leaver.wait(60) == 0, leaver.log()[-3000:]
         assert [e["hand_over"] for e in leaver.events("stopping")] == [True]
-        return told
+        return checked, told
 
     moves, windows, at_start = _run(settings, run_id, tmp_path, ["w0", "w1", "w2"], hand_over)
     assert {name for name, _, _ in moves} == {"w2"}, moves
@@ -214,12 +231,12 @@ def test_waste_after_a_hand_over_is_bounded_by_the_moved_partitions_window(setti
 
 def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(settings, run_id,
                                                                               tmp_path) -> None:
-    def zombie(fleet: Fleet) -> float:
+    def zombie(fleet: Fleet) -> tuple[float, float]:
         frozen = fleet.workers["w1"]
         assert frozen.proc is not None
         # it freezes with requests in flight (ci38: on a loaded machine the
         # feed fell behind and it froze idle, with nothing to hold)
-        wait_until(lambda: fleet.busy(2), 60, "both workers with a request in flight")
+        checked = fleet.wait_busy(2)
         frozen.proc.send_signal(signal.SIGSTOP)
         froze = time.time()
         try:
@@ -229,7 +246,7 @@ def test_waste_after_a_zombie_wakes_is_bounded_by_the_moved_partitions_window(se
         finally:
             frozen.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: frozen.events(MOVES[1]), 60, "the zombie learning it lost them")
-        return froze
+        return checked, froze
 
     moves, windows, at_start = _run(settings, run_id, tmp_path, ["w0", "w1"], zombie)
     assert "w1" in {name for name, _, _ in moves}, moves

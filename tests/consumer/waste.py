@@ -83,11 +83,14 @@ class Waste:
         assert self.wasted <= sum(len(w) for w in self.windows), (
             self.wasted, [len(w) for w in self.windows])
 
-    def windows_at(self, moves: list[Move]) -> list[set[str]]:
+    def windows_at(self, moves: list[Move], since: float | None = None) -> list[set[str]]:
         """What each move's partition had requested and not committed at
-        the move's moment."""
+        the move's moment; with `since`, at some moment from `since` to the
+        move's (requested by the move, committed after `since`)."""
         return [{x for x, times in self.requested.items() if self.partition[x] == p
-                 and min(times) <= when < self.committed[x]} for _, p, when in moves]
+                 and min(times) <= when
+                 and self.committed[x] > (when if since is None else since)}
+                for _, p, when in moves]
 
 
 def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  # type: ignore[no-untyped-def]
