@@ -29,7 +29,7 @@ from tests.consumer.pipeline import (
     sim_metrics,
     wait_until,
 )
-from tests.consumer.waste import Move, logged_moves, owned, stamped_by, waste
+from tests.consumer.waste import Move, assignments, logged_moves, owned, stamped_by, waste
 from tests.kafka_helpers import read_all
 from tokenmill.kafka import clients, topics
 
@@ -132,8 +132,10 @@ def test_kill_9_and_restart_repeatedly(settings, run_id, tmp_path) -> None:
     assert hits > 0, f"none of {kills} kills landed inside an open transaction of the victim"
     records = check_exactly_once(settings, run_id, prompts)
     assert all(isinstance(r, Completion) for r in records)
-    moves = kill_moves + logged_moves({"steady": steady, "victim": victim}, started_at)
-    found = waste(settings, run_id, prompts, spec.partitions, request_log, moves)
+    workers = {"steady": steady, "victim": victim}
+    moves = kill_moves + logged_moves(workers, started_at)
+    found = waste(settings, run_id, prompts, spec.partitions, request_log, moves,
+                  assignments(workers, started_at))
     print(f"kills={kills} wasted={found.wasted} aborted records={hits} windows at the kills "
           f"{[len(w) for w in found.windows[:len(kill_moves)]]}, at the other moves "
           f"{[len(w) for w in found.windows[len(kill_moves):]]}")

@@ -48,7 +48,7 @@ from tests.consumer.pipeline import (
     sim_metrics,
     wait_until,
 )
-from tests.consumer.waste import MOVES, Move, logged_moves, owned, waste
+from tests.consumer.waste import MOVES, Move, assignments, logged_moves, owned, waste
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -184,7 +184,8 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
             fleet.stop()
     check_exactly_once(settings, run_id, prompts)
     moves = logged_moves(fleet.workers, published_at)
-    found = waste(settings, run_id, prompts, PARTITIONS, request_log, moves)
+    found = waste(settings, run_id, prompts, PARTITIONS, request_log, moves,
+                  assignments(fleet.workers, published_at))
     reported = fleet.reported_waste()
     print(f"wasted {found.wasted} requests ({len(found.redone)} prompts); moves {moves}; "
           f"windows {[len(w) for w in found.windows]}; the workers counted {reported}")

@@ -9,7 +9,14 @@ revoke or loss in the worker's log, or the worker killed. Its *window* is
 what the worker had of that partition then: the prompts requested before
 the move and not committed by then (in flight, or finished and waiting for
 a commit). Every request beyond a prompt's first was thrown away; each must
-be a prompt in the window of a move of its partition."""
+be a prompt in the window of a move of its partition.
+
+The simulator stamps a request when its handler runs, which under load is
+after the sender sent it, even after the sender logged a move (ci76: a
+worker's requests sent before its revoke, stamped 20-90 ms after it). So a
+move's window takes the prompts first stamped before the partition's next
+assignment, not before the move: until then no other worker could ask for
+them, so what was stamped was sent by the worker that moved."""
 
 from __future__ import annotations
 
@@ -56,6 +63,13 @@ def logged_moves(workers: dict[str, ConsumerProcess], since: float) -> list[Move
             for p in e["partitions"]]
 
 
+def assignments(workers: dict[str, ConsumerProcess], since: float) -> list[tuple[int, float]]:
+    """Every partition given to a worker after `since` (its log): (partition, when)."""
+    return [(p, event_time(e)) for worker in workers.values()
+            for e in worker.events("partitions assigned") if event_time(e) >= since
+            for p in e["partitions"]]
+
+
 def requests_by_prompt(request_log: Path) -> dict[str, list[float]]:
     """When the simulator received each request, per prompt id (a retry's
     rid carries the attempt after a dot)."""
@@ -74,6 +88,7 @@ class Waste:
     requested: dict[str, list[float]]  # when each prompt was requested
     committed: dict[str, float]  # when each prompt's record was produced
     partition: dict[str, int]  # each prompt's partition
+    assigned: list[tuple[int, float]]  # (partition, when) each was given to a worker
 
     def check(self) -> None:
         """Every redone prompt was in the window of a move of its partition,
@@ -82,6 +97,19 @@ class Waste:
         assert self.redone <= covered, sorted(self.redone - covered)[:10]
         assert self.wasted <= sum(len(w) for w in self.windows), (
             self.wasted, [len(w) for w in self.windows])
+
+    def next_assignment(self, partition: int, after: float) -> float:
+        """When `partition` was next given to a worker after `after` (never: inf)."""
+        return min((when for p, when in self.assigned if p == partition and when > after),
+                   default=float("inf"))
+
+    def windows_of(self, moves: list[Move]) -> list[set[str]]:
+        """Each move's window: its partition's prompts first stamped before
+        the partition's next assignment (sent by the worker that moved), and
+        not committed at the move."""
+        return [{x for x, times in self.requested.items() if self.partition[x] == p
+                 and min(times) < self.next_assignment(p, when) and when < self.committed[x]}
+                for _, p, when in moves]
 
     def windows_at(self, moves: list[Move], since: float | None = None) -> list[set[str]]:
         """What each move's partition had requested and not committed at
@@ -94,8 +122,9 @@ class Waste:
 
 
 def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  # type: ignore[no-untyped-def]
-          request_log: Path, moves: list[Move]) -> Waste:
-    """The run's waste and the windows of `moves` (every prompt committed)."""
+          request_log: Path, moves: list[Move], assigned: list[tuple[int, float]]) -> Waste:
+    """The run's waste and the windows of `moves` (every prompt committed);
+    `assigned`: the partitions given to workers since the first move."""
     requested = requests_by_prompt(request_log)
     assert set(requested) == {p.id for p in prompts}
     committed = {r.key.decode(): r.timestamp / 1000 for r in read_all(
@@ -103,6 +132,6 @@ def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  
     found = Waste(wasted=sum(len(times) - 1 for times in requested.values()),
                   redone={x for x, times in requested.items() if len(times) > 1},
                   windows=[], requested=requested, committed=committed,
-                  partition={p.id: p.seq % partitions for p in prompts})
-    found.windows = found.windows_at(moves)
+                  partition={p.id: p.seq % partitions for p in prompts}, assigned=assigned)
+    found.windows = found.windows_of(moves)
     return found
