@@ -37,13 +37,14 @@ class Launched:
     child can report its own moments on the same clock)."""
 
     def __init__(self, argv: list[str], *, env: Mapping[str, str], log: Path,
-                 cwd: Path | None = None, cores: set[int] | None = None) -> None:
+                 cwd: Path | None = None, cores: set[int] | None = None,
+                 own_session: bool = False) -> None:
         self.log = log
         self._out = tempfile.TemporaryFile()  # noqa: SIM115 - closed at exit
         self._err = log.open("wb")
         self.launched_at = time.time()
         self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=self._out,
-                                     stderr=self._err)
+                                     stderr=self._err, start_new_session=own_session)
         if cores:  # before the child's imports finish and start any thread
             try:
                 os.sched_setaffinity(self.proc.pid, cores)

@@ -150,10 +150,13 @@ class SimulatorProcess:
     """The simulator as a child process: killable, restartable on the same port."""
 
     def __init__(self, config: SimulatorConfig | None = None, port: int = 0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, own_session: bool = False) -> None:
         self.config = config or SimulatorConfig()
         self.port = port
         self.env = env
+        # its own session, as a GPU host runs each server (a unit or a
+        # container): the scheduler's autogroups share CPU by session
+        self.own_session = own_session
         self.proc: subprocess.Popen[str] | None = None
         self.base_url = ""
         self._stderr: typing.IO[bytes] | None = None
@@ -164,7 +167,7 @@ class SimulatorProcess:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _close
         self.proc = subprocess.Popen(
             command_line(self.config, self.port), stdout=subprocess.PIPE,
-            stderr=self._stderr, text=True, env=env,
+            stderr=self._stderr, text=True, env=env, start_new_session=self.own_session,
         )
         url = self._wait_ready(timeout)
         self.base_url = url
