@@ -114,7 +114,7 @@ class Fleet:
     def wait_busy(self, workers: int) -> float:
         """Waits until `busy(workers)`; returns a moment just before the
         count that showed it. What was in flight then may finish before the
-        caller acts (ci76: a request of 0.3 s, the leaver's only one, done
+        caller acts (stop 42's CI: the leaver's requests, 0.3 s each, done
         in the gap), so a window of work is taken from this moment to the
         act, not at the act alone."""
         checked = [0.0]
@@ -156,12 +156,11 @@ def _run(settings, run_id: str, tmp_path: Path, workers: list[str],  # type: ign
     against the in-flight windows of the partitions that moved. Returns
     the moves, their windows, and what each moved partition had requested
     and not committed when the scenario began (`scenario` returns when it
-    saw the work and when it acted, if it waits for work; the window is
-    then what was in flight at some moment between the two; else it is the
-    call). A graceful hand-over drains
-    and commits before it revokes, so its window at the move is rightly
-    empty: ci33; the work it had when the scenario began shows the move was
-    mid-run)."""
+    saw the work and when it acted, if it waits for work: the window is then
+    what was in flight at some moment between the two; else it is the call).
+    A graceful hand-over drains and commits before it revokes, so its window
+    at the move is rightly empty (ci33); the work it had when the scenario
+    began shows the move was mid-run."""
     spec = create_run(settings, run_id, partitions=PARTITIONS)
     prompts = make_prompts(run_id, PROMPTS)
     request_log = tmp_path / "requests.jsonl"
