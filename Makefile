@@ -7,7 +7,7 @@
 #   make docs   the manual (docs/, MkDocs) built into site/ with --strict (a broken
 #               link or anchor, or a flag table naming no command, fails); it
 #               needs no Java or Maven and skips the machine check
-#   make lint   ruff over the tree, and mypy --strict over the packages
+#   make lint   ruff over the tree, and mypy --strict over the packages and bench/
 # Each checks the machine first (Python 3.11+, Java 17+, Maven: one line naming
 # what is missing), then creates or reuses the virtual environment $(VENV) and
 # installs into it what it needs; nothing is installed outside it.
@@ -60,7 +60,7 @@ test-containers: prerequisites $(VENV)/.installed-test
 # Ruff's rules and mypy's strictness are in pyproject.toml.
 lint: prerequisites $(VENV)/.installed-lint
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy $(PACKAGES)
+	$(VENV)/bin/mypy --explicit-package-bases $(PACKAGES) bench
 
 prerequisites:
 	@$(PYTHON) -m devstack.prerequisites

@@ -38,7 +38,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,6 +47,9 @@ import boto3  # noqa: E402
 import msgspec  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+
+if TYPE_CHECKING:
+    from tokenmill.settings import Settings
 
 TARGET_RPS = 20_000.0
 TARGET_RSS_MB = 300.0
@@ -144,7 +147,7 @@ def produce_waiting(producer: Any, topic: str, **record: Any) -> None:
             producer.poll(0.05)
 
 
-def build_lineage(settings, bucket: str, records: int, reasoning_chars: int,
+def build_lineage(settings: Settings, bucket: str, records: int, reasoning_chars: int,
                   content_chars: int, console: Console) -> tuple[str, list[str], float]:
     """(root run id, S3 prefixes of the runs, mean line bytes)."""
     from ops.redrive import redrive_spec

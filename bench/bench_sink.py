@@ -40,6 +40,7 @@ import random
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def _text_pool(size: int, chars: int, seed: int) -> list[str]:
     return pool
 
 
-def _records(spec: RunSpec, case: Case):
+def _records(spec: RunSpec, case: Case) -> Iterator[Completion]:
     reasoning = _text_pool(POOL, case.reasoning_chars, 1)
     content = _text_pool(POOL, case.content_chars, 2)
     for i in range(case.records):

@@ -191,7 +191,10 @@ def committed_results(settings: Settings, run_id: str) -> tuple[int, int]:
             if m.error():
                 remaining.discard(m.partition())
                 continue
+            value = m.value()
+            if value is None:  # no tombstones in a completions topic; skip, not crash
+                continue
             count += 1
-            tokens += completion_tokens(decode_completion(m.value()))
+            tokens += completion_tokens(decode_completion(value))
     consumer.close()
     return count, tokens

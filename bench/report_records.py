@@ -14,9 +14,10 @@ from schemas import Completion, DeadLetter, Failure, Message, PromptRecord
 from schemas.completion import Conversation, SpecStats, Step, Usage
 from schemas.messages import FunctionCall, ToolCall
 from schemas.progress import ConsumerProgress, ProducerCheckpoint
+from schemas.prompt import Category
 from sink.samples import conversation_sample, encode_line, sample_line
 
-CATEGORIES = ("plain", "system-prompt", "multi-turn", "tools")
+CATEGORIES: tuple[Category, ...] = ("plain", "system-prompt", "multi-turn", "tools")
 SOURCES = tuple(f"data/source-{i:02d}.jsonl" for i in range(16))
 _encoder = msgspec.json.Encoder()
 

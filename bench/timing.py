@@ -40,6 +40,7 @@ class Launched:
                  cwd: Path | None = None, cores: set[int] | None = None,
                  own_session: bool = False) -> None:
         self.log = log
+        self.argv = argv
         self._out = tempfile.TemporaryFile()  # noqa: SIM115 - closed at exit
         self._err = log.open("wb")
         self.launched_at = time.time()
@@ -75,7 +76,7 @@ class Launched:
     def wait(self, timeout_s: float) -> Exited:
         exited = self.wait_or_kill(timeout_s)
         if self.killed:
-            raise RuntimeError(f"{self.proc.args[:4]} did not exit within {timeout_s:.0f}s; "
+            raise RuntimeError(f"{self.argv[:4]} did not exit within {timeout_s:.0f}s; "
                                f"log: {self.log}")
         return exited
 
@@ -107,7 +108,7 @@ def wait_until(done: Callable[[], bool], processes: list[Launched], timeout_s: f
         for p in processes:
             exited = p.poll_exit()
             if exited is not None and exited.code != 0:
-                raise RuntimeError(f"{p.proc.args[:4]} exited with {exited.code} before "
+                raise RuntimeError(f"{p.argv[:4]} exited with {exited.code} before "
                                    f"{what}; log: {p.log}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"no {what} within {timeout_s:.0f}s")
