@@ -12,11 +12,14 @@ a commit). Every request beyond a prompt's first was thrown away; each must
 be a prompt in the window of a move of its partition.
 
 The simulator stamps a request when its handler runs, which under load is
-after the sender sent it, even after the sender logged a move (ci76: a
-worker's requests sent before its revoke, stamped 20-90 ms after it). So a
-move's window takes the prompts first stamped before the partition's next
-assignment, not before the move: until then no other worker could ask for
-them, so what was stamped was sent by the worker that moved."""
+after the sender sent it, even after the sender logged a move (a CI run of
+2026-12-06: a worker's requests sent before its revoke, stamped 18 ms after
+its log line). So a move's window takes the prompts first stamped before
+the partition's next assignment, not before the move: until then no other
+worker could ask for them, so what was stamped was sent by the worker that
+moved. Not when another worker was given the partition before the move was
+logged (a zombie logs its loss on waking, after the new owner began): then
+the window ends at the move."""
 
 from __future__ import annotations
 
@@ -63,9 +66,10 @@ def logged_moves(workers: dict[str, ConsumerProcess], since: float) -> list[Move
             for p in e["partitions"]]
 
 
-def assignments(workers: dict[str, ConsumerProcess], since: float) -> list[tuple[int, float]]:
-    """Every partition given to a worker after `since` (its log): (partition, when)."""
-    return [(p, event_time(e)) for worker in workers.values()
+def assignments(workers: dict[str, ConsumerProcess], since: float) -> list[Move]:
+    """Every partition given to a worker after `since` (its log), as
+    (worker, partition, when)."""
+    return [(name, p, event_time(e)) for name, worker in workers.items()
             for e in worker.events("partitions assigned") if event_time(e) >= since
             for p in e["partitions"]]
 
@@ -88,7 +92,7 @@ class Waste:
     requested: dict[str, list[float]]  # when each prompt was requested
     committed: dict[str, float]  # when each prompt's record was produced
     partition: dict[str, int]  # each prompt's partition
-    assigned: list[tuple[int, float]]  # (partition, when) each was given to a worker
+    assigned: list[Move]  # (worker, partition, when) each partition was given to a worker
 
     def check(self) -> None:
         """Every redone prompt was in the window of a move of its partition,
@@ -98,18 +102,29 @@ class Waste:
         assert self.wasted <= sum(len(w) for w in self.windows), (
             self.wasted, [len(w) for w in self.windows])
 
-    def next_assignment(self, partition: int, after: float) -> float:
-        """When `partition` was next given to a worker after `after` (never: inf)."""
-        return min((when for p, when in self.assigned if p == partition and when > after),
-                   default=float("inf"))
+    def sent_by(self, move: Move) -> float:
+        """A moment by which the simulator has stamped every request the
+        mover sent for the partition, and no other worker's: the
+        partition's next assignment (never: inf), or the move itself when
+        another worker was given the partition since the mover was."""
+        mover, partition, at = move
+        given = [(name, when) for name, p, when in self.assigned if p == partition]
+        mover_got = max((when for name, when in given if name == mover and when <= at),
+                        default=float("-inf"))
+        if any(name != mover and mover_got < when <= at for name, when in given):
+            return at
+        return min((when for _, when in given if when > at), default=float("inf"))
 
     def windows_of(self, moves: list[Move]) -> list[set[str]]:
         """Each move's window: its partition's prompts first stamped before
-        the partition's next assignment (sent by the worker that moved), and
-        not committed at the move."""
-        return [{x for x, times in self.requested.items() if self.partition[x] == p
-                 and min(times) < self.next_assignment(p, when) and when < self.committed[x]}
-                for _, p, when in moves]
+        `sent_by(move)` and not committed at the move."""
+        out = []
+        for move in moves:
+            _, p, at = move
+            bound = self.sent_by(move)
+            out.append({x for x, times in self.requested.items() if self.partition[x] == p
+                        and min(times) < bound and at < self.committed[x]})
+        return out
 
     def windows_at(self, moves: list[Move], since: float | None = None) -> list[set[str]]:
         """What each move's partition had requested and not committed at
@@ -122,7 +137,7 @@ class Waste:
 
 
 def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  # type: ignore[no-untyped-def]
-          request_log: Path, moves: list[Move], assigned: list[tuple[int, float]]) -> Waste:
+          request_log: Path, moves: list[Move], assigned: list[Move]) -> Waste:
     """The run's waste and the windows of `moves` (every prompt committed);
     `assigned`: the partitions given to workers since the first move."""
     requested = requests_by_prompt(request_log)
