@@ -8,6 +8,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,21 +56,40 @@ def listener_ports(ephemeral: tuple[int, int]) -> range:
     return below if len(below) >= len(above) else above
 
 
+# Ports this process handed out: a stack's listeners are all picked before
+# any binds, so two picks that agree would both look free (a CI run's
+# kafka-2 and kafka-3 were given the same port, and kafka-2 failed to bind).
+_handed_out: set[int] = set()
+_handing_out = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, outside the ephemeral range: a listener restarted on
-    it later (a broker a test stops and starts) cannot find it taken by some
-    client's outgoing connection, as it could a port bind(0) handed out (a CI
-    run's broker restart failed on "Address already in use" that way)."""
+    """A port free now, outside the ephemeral range, and never one this
+    process handed out before: a listener restarted on it later (a broker a
+    test stops and starts) cannot find it taken by some client's outgoing
+    connection, as it could a port bind(0) handed out (a CI run's broker
+    restart failed on "Address already in use" that way)."""
+    with _handing_out:
+        port = _unused_port(host)
+        _handed_out.add(port)
+        return port
+
+
+def _unused_port(host: str) -> int:
     ports = listener_ports(ephemeral_range())
     if ports:
         chooser = random.SystemRandom()
         for _ in range(200):
             port = chooser.choice(ports)
-            if port_free(host, port):
+            if port not in _handed_out and port_free(host, port):
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            return port
+    raise OSError(f"no free port on {host} that this process has not handed out already")
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
