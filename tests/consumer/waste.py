@@ -115,26 +115,21 @@ class Waste:
             return at
         return min((when for _, when in given if when > at), default=float("inf"))
 
+    def in_flight(self, partition: int, requested_by: float, open_at: float) -> set[str]:
+        """The partition's prompts first requested by `requested_by` and not
+        committed at `open_at`."""
+        return {x for x, times in self.requested.items() if self.partition[x] == partition
+                and min(times) <= requested_by and self.committed[x] > open_at}
+
     def windows_of(self, moves: list[Move]) -> list[set[str]]:
-        """Each move's window: its partition's prompts first stamped before
+        """Each move's window: its partition's prompts first stamped by
         `sent_by(move)` and not committed at the move."""
-        out = []
-        for move in moves:
-            _, p, at = move
-            bound = self.sent_by(move)
-            out.append({x for x, times in self.requested.items() if self.partition[x] == p
-                        and min(times) < bound and at < self.committed[x]})
-        return out
+        return [self.in_flight(move[1], self.sent_by(move), move[2]) for move in moves]
 
-    def windows_at(self, moves: list[Move], since: float | None = None) -> list[set[str]]:
-        """What each move's partition had requested and not committed at
-        the move's moment; with `since`, at some moment from `since` to the
-        move's (requested by the move, committed after `since`)."""
-        return [{x for x, times in self.requested.items() if self.partition[x] == p
-                 and min(times) <= when
-                 and self.committed[x] > (when if since is None else since)}
-                for _, p, when in moves]
-
+    def windows_at(self, moves: list[Move], since: float) -> list[set[str]]:
+        """What each move's partition had in flight at some moment from
+        `since` to the move's (requested by the move, committed after `since`)."""
+        return [self.in_flight(p, when, since) for _, p, when in moves]
 
 def waste(settings, run_id: str, prompts: list[PromptRecord], partitions: int,  # type: ignore[no-untyped-def]
           request_log: Path, moves: list[Move], assigned: list[Move]) -> Waste:
